@@ -1,0 +1,3 @@
+"""hrwcron: highly available cron for NATS."""
+
+__version__ = "0.1.0"

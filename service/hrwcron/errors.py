@@ -1,0 +1,102 @@
+"""One exception hierarchy for everything hrwcron raises on purpose.
+
+Callers catch :class:`HrwcronError` to handle any expected failure; everything else is a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+class HrwcronError(Exception):
+    """Root of every error hrwcron raises deliberately."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input: where it is and why it is wrong."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}" if self.where else self.message
+
+
+class InvalidInput(HrwcronError):
+    """Bad input from a user: carries every problem found, so all can be reported at once."""
+
+    def __init__(self, problems: Sequence[Problem] | Problem | str, where: str = "") -> None:
+        if isinstance(problems, str):
+            problems = [Problem(where, problems)]
+        elif isinstance(problems, Problem):
+            problems = [problems]
+        self.problems: list[Problem] = list(problems)
+        super().__init__("; ".join(str(p) for p in self.problems))
+
+    @property
+    def field(self) -> str:
+        return self.problems[0].where if self.problems else ""
+
+    def prefixed(self, prefix: str) -> InvalidInput:
+        """The same problems, each located under ``prefix`` (for nested inputs)."""
+        moved = [
+            Problem(f"{prefix}.{p.where}" if p.where else prefix, p.message) for p in self.problems
+        ]
+        return type(self)(moved)
+
+    @classmethod
+    def collect(cls, errors: Iterable[InvalidInput]) -> InvalidInput | None:
+        problems = [p for e in errors for p in e.problems]
+        return cls(problems) if problems else None
+
+
+class ScheduleError(InvalidInput):
+    """A cron expression, duration or time zone that cannot be used."""
+
+
+class JobSpecError(InvalidInput):
+    """A job specification that breaks a rule (name, payload size, subject, ...)."""
+
+
+class ConfigError(InvalidInput):
+    """A configuration file or environment variable that cannot be used."""
+
+
+class RequestError(InvalidInput):
+    """A malformed or refused admin API request."""
+
+    def __init__(
+        self, problems: Sequence[Problem] | Problem | str, where: str = "", code: str = "bad_request"
+    ) -> None:
+        super().__init__(problems, where)
+        self.code = code
+
+
+class NatsSetupError(HrwcronError):
+    """The NATS server or its streams cannot serve hrwcron as configured."""
+
+
+class ServerVersionError(NatsSetupError):
+    """The NATS server is older than the minimum version hrwcron needs."""
+
+
+class StreamConfigError(NatsSetupError):
+    """An existing stream or bucket contradicts what hrwcron needs; says what to change."""
+
+
+class DuplicateNodeError(HrwcronError):
+    """Another live replica already uses this node id."""
+
+
+class NotReadyError(HrwcronError):
+    """This replica cannot make decisions safely right now (fail closed)."""
+
+
+class ConflictError(HrwcronError):
+    """A compare-and-set write lost: somebody changed the value since it was read."""
+
+
+class NotFoundError(HrwcronError):
+    """The named job or record does not exist."""

@@ -1,0 +1,186 @@
+"""Wire and storage records (msgspec Structs), each with a schema version, and their rules."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import JobSpecError, Problem, ScheduleError
+from .schedule import Schedule
+
+SCHEMA_VERSION = 1
+DEFAULT_SUBJECT_PREFIX = "hrwcron.trigger"
+DEFAULT_MAX_PAYLOAD = 64 * 1024
+HRW_SCHEME = "xxh3-64"
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TAG = re.compile(r"[A-Za-z0-9_.:=-]{1,64}")
+MAX_JOB_TOKENS = 8
+JOB_NAME_RULE = (
+    "a job name is 1-8 dot-separated tokens of letters, digits, '_' or '-', "
+    "each 1-64 characters (no wildcards, spaces or empty tokens)"
+)
+
+Catchup = Literal["all", "latest"]
+Overlap = Literal["allow", "skip"]
+
+
+def job_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a valid job name, or None when it is."""
+    if not isinstance(name, str) or not name:
+        return f"must not be empty; {JOB_NAME_RULE}"
+    tokens = name.split(".")
+    if len(tokens) > MAX_JOB_TOKENS:
+        return f"{name[:80]!r} has {len(tokens)} tokens; {JOB_NAME_RULE}"
+    for token in tokens:
+        if not _TOKEN.fullmatch(token):
+            return f"{name[:80]!r} has the bad token {token[:80]!r}; {JOB_NAME_RULE}"
+    return None
+
+
+def subject_problem(subject: str, prefix: str) -> str | None:
+    if not subject.startswith(prefix + "."):
+        return f"{subject!r} is outside the trigger stream's subjects {prefix}.>"
+    rest = subject[len(prefix) + 1 :]
+    for token in rest.split("."):
+        if not _TOKEN.fullmatch(token):
+            return f"{subject!r} has the bad token {token[:80]!r} (no wildcards or empty tokens)"
+    return None
+
+
+class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """One schedule. Durations are seconds."""
+
+    name: str
+    schedule: str
+    tz: str = "UTC"
+    payload: Any = None
+    max_lateness: float = 60.0
+    catchup: Catchup = "all"
+    jitter: float = 0.0
+    paused: bool = False
+    subject: str | None = None
+    tags: list[str] = msgspec.field(default_factory=list)
+    overlap: Overlap = "allow"
+    description: str = ""
+    v: int = SCHEMA_VERSION
+
+    def trigger_subject(self, prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
+        return self.subject or f"{prefix}.{self.name}"
+
+    @property
+    def max_lateness_ms(self) -> int:
+        return int(self.max_lateness * 1000)
+
+    def problems(
+        self,
+        *,
+        prefix: str = DEFAULT_SUBJECT_PREFIX,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        check_schedule: bool = True,
+    ) -> list[Problem]:
+        """Every rule this spec breaks (empty when valid)."""
+        found: list[Problem] = []
+        bad_name = job_name_problem(self.name)
+        if bad_name:
+            found.append(Problem("name", bad_name))
+        if self.v != SCHEMA_VERSION:
+            found.append(Problem("v", f"schema version {self.v} is not supported (expected 1)"))
+        if check_schedule:
+            try:
+                Schedule.parse(self.schedule, self.tz)
+            except ScheduleError as exc:
+                for p in exc.problems:
+                    if p.where == "tz":
+                        found.append(p)
+                    else:
+                        detail = f"{p.where}: {p.message}" if p.where else p.message
+                        found.append(Problem("schedule", detail))
+        if not (0 < self.max_lateness <= 86_400):
+            found.append(Problem("max_lateness", "must be more than 0 and at most 86400 seconds"))
+        if not (0 <= self.jitter <= 3_600):
+            found.append(Problem("jitter", "must be between 0 and 3600 seconds"))
+        if self.subject is not None:
+            bad = subject_problem(self.subject, prefix)
+            if bad:
+                found.append(Problem("subject", bad))
+        for i, tag in enumerate(self.tags):
+            if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+                found.append(Problem(f"tags[{i}]", "a tag is 1-64 of letters, digits, _ . : = -"))
+        if len(self.description) > 1024:
+            found.append(Problem("description", "at most 1024 characters"))
+        try:
+            size = len(msgspec.json.encode(self.payload))
+        except (TypeError, msgspec.EncodeError) as exc:
+            found.append(Problem("payload", f"is not JSON: {exc}"))
+        else:
+            if size > max_payload:
+                found.append(
+                    Problem("payload", f"is {size} bytes as JSON; the limit is {max_payload} bytes")
+                )
+        return found
+
+    def validate(self, **kwargs: Any) -> JobSpec:
+        found = self.problems(**kwargs)
+        if found:
+            raise JobSpecError(found)
+        return self
+
+
+class TriggerMessage(msgspec.Struct, kw_only=True):
+    """The body of a trigger published to ``hrwcron.trigger.<job>``."""
+
+    job: str
+    tick: str
+    due: str
+    due_ms: int
+    fired_at: str
+    node: str
+    attempt: int
+    payload: Any = None
+    kind: Literal["scheduled", "manual", "backfill"] = "scheduled"
+    v: int = SCHEMA_VERSION
+
+
+class Heartbeat(msgspec.Struct, kw_only=True):
+    """What a replica writes into the members bucket every heartbeat."""
+
+    node: str
+    instance: str
+    started_ms: int
+    version: str
+    hrw: str = HRW_SCHEME
+    weight: float = 1.0
+    tags: list[str] = msgspec.field(default_factory=list)
+    digest: str = ""
+    jobs: int = 0
+    ready: bool = True
+    reason: str = ""
+    http: str = ""
+    v: int = SCHEMA_VERSION
+
+
+class ClaimRecord(msgspec.Struct, kw_only=True):
+    """The value of a tick's create-only claim key."""
+
+    node: str
+    instance: str
+    attempt: int
+    claimed_ms: int
+    v: int = SCHEMA_VERSION
+
+
+def encode(obj: Any) -> bytes:
+    return msgspec.json.encode(obj)
+
+
+def decode_job(data: bytes, *, where: str = "job") -> JobSpec:
+    """Decode a stored job spec; raises JobSpecError naming the problem."""
+    try:
+        return msgspec.json.decode(data, type=JobSpec)
+    except msgspec.ValidationError as exc:
+        raise JobSpecError(Problem(where, str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise JobSpecError(Problem(where, f"is not JSON: {exc}")) from None

@@ -1,0 +1,56 @@
+"""Tick identity: the name of one occurrence of one job, shared by every replica."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class TickId:
+    """A job's occurrence at its nominal due instant (before jitter), in epoch milliseconds."""
+
+    job: str
+    due_ms: int
+
+    @property
+    def key(self) -> str:
+        """``<job>:<due ms>``: the trigger's ``Nats-Msg-Id`` and the claim's identity."""
+        return f"{self.job}:{self.due_ms}"
+
+    @property
+    def claim_key(self) -> str:
+        """The claims-bucket key. KV keys allow dots but not colons, so the separator is ``.``;
+        the trailing token is all digits and job tokens cannot be empty, so it stays unambiguous."""
+        return f"{self.job}.{self.due_ms}"
+
+    @property
+    def due(self) -> datetime:
+        return datetime.fromtimestamp(self.due_ms / 1000, tz=UTC)
+
+    @property
+    def due_iso(self) -> str:
+        return format_ms(self.due_ms)
+
+    @classmethod
+    def parse(cls, key: str) -> TickId:
+        """Inverse of :attr:`key` for scheduled ticks; raises ValueError on anything else."""
+        job, sep, due = key.rpartition(":")
+        if not sep or not job or not due.isdigit():
+            raise ValueError(f"not a scheduled tick key: {key!r}")
+        return cls(job, int(due))
+
+
+def format_ms(epoch_ms: int) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-03-08T07:00:00.000Z``."""
+    dt = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+def to_ms(dt: datetime) -> int:
+    if dt.tzinfo is None:
+        raise ValueError("naive datetime: give a time zone (aware datetime) or epoch milliseconds")
+    return (dt - _EPOCH) // _MS
