@@ -169,6 +169,8 @@ class ClaimRecord(msgspec.Struct, kw_only=True):
     instance: str
     attempt: int
     claimed_ms: int
+    # "skipped" when the holder decided not to fire (overlap = "skip"): the tick is resolved.
+    outcome: str = ""
     v: int = SCHEMA_VERSION
 
 

@@ -1,0 +1,95 @@
+"""Connecting to NATS: every auth method, TLS, reconnect forever, and the server version check."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+
+from ..config import NatsConfig, redact_url
+from ..errors import NatsSetupError, ServerVersionError
+
+log = logging.getLogger("hrwcron.nats")
+
+MIN_SERVER_VERSION = (2, 11, 0)
+
+
+def tls_context(options: NatsConfig) -> ssl.SSLContext | None:
+    wants_tls = any(s.startswith("tls://") for s in options.servers)
+    if not (options.tls_ca or options.tls_cert or wants_tls):
+        return None
+    context = ssl.create_default_context(cafile=options.tls_ca or None)
+    if options.tls_cert:
+        context.load_cert_chain(options.tls_cert, options.tls_key or None)
+    return context
+
+
+async def connect(options: NatsConfig, *, name_suffix: str = "") -> Client:
+    """Connect with reconnect-forever and a short ping interval.
+
+    ``pending_size=0`` makes the client refuse writes while disconnected instead of buffering
+    them: a buffered claim or publish flushed after a reconnect could land long after the
+    replica gave up on it. Refused writes surface as errors the engine retries deliberately."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats: %s", exc)
+
+    async def on_disconnected() -> None:
+        if not (client.is_closed or client.is_draining):
+            log.warning("nats: disconnected")
+
+    async def on_reconnected() -> None:
+        url = client.connected_url.geturl() if client.connected_url else "?"
+        log.info("nats: reconnected to %s", redact_url(url))
+
+    kwargs: dict[str, Any] = dict(
+        servers=options.servers,
+        name=options.name + name_suffix,
+        connect_timeout=options.connect_timeout,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,
+        ping_interval=2,
+        max_outstanding_pings=2,
+        pending_size=0,
+        allow_reconnect=True,
+        error_cb=on_error,
+        disconnected_cb=on_disconnected,
+        reconnected_cb=on_reconnected,
+    )
+    if options.user:
+        kwargs["user"] = options.user
+        kwargs["password"] = options.password or ""
+    if options.token:
+        kwargs["token"] = options.token
+    if options.creds:
+        kwargs["user_credentials"] = options.creds
+    if options.nkey_seed:
+        kwargs["nkeys_seed"] = options.nkey_seed
+    context = tls_context(options)
+    if context is not None:
+        kwargs["tls"] = context
+        kwargs["tls_handshake_first"] = options.tls_handshake_first
+    try:
+        client = await nats.connect(**kwargs)
+    except Exception as exc:
+        servers = ", ".join(redact_url(s) for s in options.servers)
+        reason = f"{type(exc).__name__}: {exc}"
+        raise NatsSetupError(f"cannot connect to NATS at {servers}: {reason}") from None
+    try:
+        check_server_version(client.connected_server_version)
+    except ServerVersionError:
+        await client.close()
+        raise
+    return client
+
+
+def check_server_version(version: Any) -> None:
+    found = (int(version.major), int(version.minor), int(version.patch))
+    if found < MIN_SERVER_VERSION:
+        raise ServerVersionError(
+            f"nats-server {'.'.join(map(str, found))} is too old: hrwcron needs "
+            f"{'.'.join(map(str, MIN_SERVER_VERSION))} or newer (per-message TTL on claims)"
+        )

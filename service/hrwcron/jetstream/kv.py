@@ -1,0 +1,235 @@
+"""The engine's KV-backed ports on JetStream: members, claims, jobs and worker run markers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from ..errors import ConflictError, DuplicateNodeError
+from ..model import ClaimRecord, Heartbeat, JobSpec, decode_job, encode
+from ..ports import JobEvent, MemberRecord
+
+WRONG_LAST_SEQUENCE = (10071, 10164)
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+
+
+async def conditional_put(
+    js: JetStreamContext, bucket: str, key: str, value: bytes, last: int, ttl: float | None
+) -> int | None:
+    """Write ``key`` only if its revision is ``last`` (0: only if absent), with a per-key TTL.
+
+    nats-py's ``KeyValue.update`` cannot carry a TTL and ``create`` retries on tombstones, so
+    both go straight to the stream with the expected-last-subject-sequence header."""
+    try:
+        ack = await js.publish(
+            f"$KV.{bucket}.{key}",
+            value,
+            headers={EXPECTED_LAST_SUBJECT_SEQ: str(last)},
+            msg_ttl=max(1, round(ttl)) if ttl else None,
+        )
+    except APIError as exc:
+        if exc.err_code in WRONG_LAST_SEQUENCE:
+            return None
+        raise
+    return int(ack.seq)
+
+
+async def _entry(kv: KeyValue, key: str) -> KeyValue.Entry | None:
+    try:
+        return await kv.get(key)
+    except KeyNotFoundError:
+        return None
+
+
+async def _snapshot(kv: KeyValue) -> list[KeyValue.Entry]:
+    watcher = await kv.watchall(ignore_deletes=True)
+    entries: list[KeyValue.Entry] = []
+    try:
+        while (entry := await watcher.updates(timeout=5)) is not None:
+            entries.append(entry)
+    finally:
+        await watcher.stop()
+    return entries
+
+
+async def _watch(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
+    watcher = await kv.watchall()
+    try:
+        async for entry in watcher:
+            yield entry
+    finally:
+        await watcher.stop()
+
+
+def _deleted(entry: KeyValue.Entry) -> bool:
+    return entry.operation in (KV_DEL, KV_PURGE)
+
+
+class JetStreamMembers:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+        self._js = js
+        self._kv = kv
+        self._bucket = bucket
+
+    async def register(self, node: str, heartbeat: Heartbeat, wait: float) -> int:
+        """Create the member key; if it exists, wait for it to expire unless its owner is alive."""
+        data = encode(heartbeat)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        first: int | None = None
+        while True:
+            revision = await conditional_put(self._js, self._bucket, node, data, 0, None)
+            if revision is not None:
+                return revision
+            entry = await _entry(self._kv, node)
+            if entry is None or _deleted(entry):
+                continue
+            if first is None:
+                first = entry.revision
+            elif entry.revision != first or loop.time() > deadline:
+                other = msgspec.json.decode(entry.value or b"{}", type=dict[str, Any])
+                raise DuplicateNodeError(
+                    f"node id {node!r} is already used by a live replica "
+                    f"(instance {other.get('instance', '?')}, started at "
+                    f"{other.get('started_ms', '?')} ms); give each replica its own node_id"
+                )
+            await asyncio.sleep(0.2)
+
+    async def beat(self, node: str, heartbeat: Heartbeat, last_revision: int) -> int:
+        data = encode(heartbeat)
+        revision = await conditional_put(self._js, self._bucket, node, data, last_revision, None)
+        if revision is not None:
+            return revision
+        entry = await _entry(self._kv, node)
+        if entry is None or _deleted(entry):
+            # Our key expired while we could not reach NATS: we are simply back.
+            created = await conditional_put(self._js, self._bucket, node, data, 0, None)
+            if created is None:
+                raise ConflictError(f"member key {node!r} reappeared while rejoining")
+            return created
+        held = msgspec.json.decode(entry.value or b"{}", type=Heartbeat)
+        if held.instance == heartbeat.instance and entry.revision is not None:
+            return entry.revision  # our previous write landed but its ack was lost
+        raise ConflictError(f"member key {node!r} is held by instance {held.instance}")
+
+    async def deregister(self, node: str) -> None:
+        await self._kv.delete(node)
+
+    async def snapshot(self) -> dict[str, MemberRecord]:
+        found: dict[str, MemberRecord] = {}
+        for entry in await _snapshot(self._kv):
+            record = _member(entry)
+            if record is not None:
+                found[entry.key] = record
+        return found
+
+    async def watch(self) -> AsyncIterator[tuple[str, MemberRecord | None]]:
+        async for entry in _watch(self._kv):
+            if entry is not None:
+                yield entry.key, (None if _deleted(entry) else _member(entry))
+
+    async def stored_at(self, revision: int) -> float | None:
+        message = await self._js.get_msg(f"KV_{self._bucket}", seq=revision)
+        return message.time.timestamp() * 1000 if message.time else None
+
+
+def _member(entry: KeyValue.Entry) -> MemberRecord | None:
+    try:
+        heartbeat = msgspec.json.decode(entry.value or b"", type=Heartbeat)
+    except msgspec.MsgspecError:
+        return None
+    return MemberRecord(heartbeat, int(entry.revision or 0))
+
+
+class JetStreamClaims:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+        self._js = js
+        self._kv = kv
+        self._bucket = bucket
+
+    async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
+        return await conditional_put(self._js, self._bucket, key, encode(record), 0, ttl)
+
+    async def get(self, key: str) -> tuple[ClaimRecord, int] | None:
+        entry = await _entry(self._kv, key)
+        if entry is None or _deleted(entry) or not entry.value:
+            return None
+        return msgspec.json.decode(entry.value, type=ClaimRecord), int(entry.revision or 0)
+
+    async def replace(
+        self, key: str, record: ClaimRecord, last_revision: int, ttl: float
+    ) -> int | None:
+        return await conditional_put(
+            self._js, self._bucket, key, encode(record), last_revision, ttl
+        )
+
+
+class JetStreamJobs:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+        self._js = js
+        self._kv = kv
+        self._bucket = bucket
+
+    @staticmethod
+    def _event(entry: KeyValue.Entry) -> JobEvent:
+        revision = int(entry.revision or 0)
+        created: Any = entry.created
+        written = created.timestamp() * 1000 if hasattr(created, "timestamp") else 0.0
+        if _deleted(entry):
+            return JobEvent(entry.key, None, revision, written_ms=written)
+        try:
+            spec = decode_job(entry.value or b"", where=entry.key)
+        except Exception as exc:
+            return JobEvent(entry.key, None, revision, error=str(exc), written_ms=written)
+        return JobEvent(entry.key, spec, revision, written_ms=written)
+
+    async def snapshot(self) -> dict[str, JobEvent]:
+        return {e.key: self._event(e) for e in await _snapshot(self._kv)}
+
+    async def get(self, name: str) -> JobEvent | None:
+        entry = await _entry(self._kv, name)
+        return None if entry is None or _deleted(entry) else self._event(entry)
+
+    async def put(self, spec: JobSpec, last_revision: int | None) -> int:
+        data = encode(spec)
+        if last_revision is None:
+            return int(await self._kv.put(spec.name, data))
+        revision = await conditional_put(
+            self._js, self._bucket, spec.name, data, last_revision, None
+        )
+        if revision is None:
+            raise ConflictError(
+                f"job {spec.name!r} changed since revision {last_revision}: read it again and retry"
+                if last_revision
+                else f"job {spec.name!r} already exists"
+            )
+        return revision
+
+    async def delete(self, name: str, last_revision: int | None) -> None:
+        try:
+            await self._kv.delete(name, last=last_revision)
+        except KeyWrongLastSequenceError:
+            raise ConflictError(
+                f"job {name!r} changed since revision {last_revision}: read it again and retry"
+            ) from None
+
+    async def watch(self) -> AsyncIterator[JobEvent | None]:
+        async for entry in _watch(self._kv):
+            yield None if entry is None else self._event(entry)
+
+
+class JetStreamRuns:
+    """Run markers that workers keep alive while a job runs (per-key TTL)."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def running(self, job: str) -> bool:
+        entry = await _entry(self._kv, job)
+        return entry is not None and not _deleted(entry) and bool(entry.value)

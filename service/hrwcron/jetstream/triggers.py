@@ -1,0 +1,81 @@
+"""Publishing triggers with Msg-Id deduplication and subject-sequence fencing, and following
+the trigger stream (last message per subject, then live) headers-only."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from nats.js.errors import APIError, NotFoundError
+
+from ..ports import HEADER_MSG_ID, HEADER_WATERMARK, FenceConflict, LastTrigger, Published
+from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE
+
+
+def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
+    headers = headers or {}
+    try:
+        watermark = int(headers.get(HEADER_WATERMARK, "0"))
+    except ValueError:
+        watermark = 0
+    return LastTrigger(seq, headers.get(HEADER_MSG_ID, ""), watermark)
+
+
+class JetStreamTriggers:
+    def __init__(self, js: JetStreamContext, stream: str, subject_prefix: str) -> None:
+        self._js = js
+        self._stream = stream
+        self._prefix = subject_prefix
+
+    async def publish(
+        self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
+    ) -> Published:
+        sent = dict(headers)
+        sent[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_seq)
+        try:
+            ack = await self._js.publish(subject, body, stream=self._stream, headers=sent)
+        except APIError as exc:
+            if exc.err_code in WRONG_LAST_SEQUENCE:
+                raise FenceConflict(str(exc)) from None
+            raise
+        return Published(int(ack.seq), bool(ack.duplicate))
+
+    async def last(self, subject: str) -> LastTrigger | None:
+        try:
+            message = await self._js.get_last_msg(self._stream, subject)
+        except NotFoundError:
+            return None
+        return _last(int(message.seq or 0), message.headers)
+
+    async def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]:
+        """The newest trigger of every subject, then ``None``, then every new trigger."""
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def deliver(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        subscription = await self._js.subscribe(
+            f"{self._prefix}.>",
+            stream=self._stream,
+            cb=deliver,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            headers_only=True,
+        )
+        try:
+            info = await subscription.consumer_info()
+            loaded = (info.num_pending or 0) == 0 and subscription.delivered == 0
+            if loaded:
+                yield None
+            while True:
+                msg = await queue.get()
+                meta = msg.metadata
+                yield msg.subject, _last(int(meta.sequence.stream), msg.headers)
+                if not loaded and meta.num_pending == 0:
+                    loaded = True
+                    yield None
+        finally:
+            await subscription.unsubscribe()

@@ -1,0 +1,273 @@
+"""In-memory stores with the same contract as the JetStream adapters, for engine unit tests.
+
+The contract tests in tests/contract run against both, so behaviour the engine relies on
+(create-only claims, compare-and-set, Msg-Id deduplication, subject-sequence fencing,
+watch streams) is the same here and on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from .errors import ConflictError, DuplicateNodeError
+from .model import ClaimRecord, Heartbeat, JobSpec
+from .ports import (
+    HEADER_KIND,
+    HEADER_MSG_ID,
+    HEADER_WATERMARK,
+    FenceConflict,
+    JobEvent,
+    LastTrigger,
+    MemberRecord,
+    Published,
+)
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Entry(Generic[T]):
+    value: T
+    revision: int
+    expires: float | None
+    written_ms: float = field(default_factory=lambda: time.time() * 1000)
+
+
+@dataclass
+class _Bucket(Generic[T]):
+    """A tiny KV bucket: revisions from one counter, optional expiry, change listeners."""
+
+    now: Callable[[], float]
+    entries: dict[str, _Entry[T]] = field(default_factory=dict)
+    revision: int = 0
+    listeners: list[asyncio.Queue[tuple[str, T | None, int]]] = field(default_factory=list)
+
+    def live(self, key: str) -> _Entry[T] | None:
+        entry = self.entries.get(key)
+        if entry is not None and entry.expires is not None and entry.expires <= self.now():
+            del self.entries[key]
+            return None
+        return entry
+
+    def write(self, key: str, value: T | None, ttl: float | None) -> int:
+        self.revision += 1
+        if value is None:
+            self.entries.pop(key, None)
+        else:
+            expires = self.now() + ttl if ttl else None
+            self.entries[key] = _Entry(value, self.revision, expires)
+        for queue in self.listeners:
+            queue.put_nowait((key, value, self.revision))
+        return self.revision
+
+    def create(self, key: str, value: T, ttl: float | None = None) -> int | None:
+        if self.live(key) is not None:
+            return None
+        return self.write(key, value, ttl)
+
+    def update(self, key: str, value: T, last: int, ttl: float | None = None) -> int | None:
+        entry = self.live(key)
+        if entry is None or entry.revision != last:
+            return None
+        return self.write(key, value, ttl)
+
+    def items(self) -> dict[str, _Entry[T]]:
+        return {k: e for k in list(self.entries) if (e := self.live(k)) is not None}
+
+    def subscribe(self) -> asyncio.Queue[tuple[str, T | None, int]]:
+        """Registered at once, so nothing written after this call is missed."""
+        queue: asyncio.Queue[tuple[str, T | None, int]] = asyncio.Queue()
+        self.listeners.append(queue)
+        return queue
+
+    async def changes(
+        self, queue: asyncio.Queue[tuple[str, T | None, int]] | None = None
+    ) -> AsyncIterator[tuple[str, T | None, int]]:
+        queue = queue or self.subscribe()
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self.listeners.remove(queue)
+
+
+class MemoryMembers:
+    def __init__(
+        self,
+        ttl: float,
+        now: Callable[[], float] = time.monotonic,
+        server_clock: Callable[[], float] = lambda: time.time() * 1000,
+    ) -> None:
+        self.ttl = ttl
+        self.server_clock = server_clock
+        self._bucket: _Bucket[Heartbeat] = _Bucket(now)
+
+    async def register(self, node: str, heartbeat: Heartbeat, wait: float) -> int:
+        revision = self._bucket.create(node, heartbeat, self.ttl)
+        if revision is None:
+            other = self._bucket.live(node)
+            started = other.value.started_ms if other else 0
+            raise DuplicateNodeError(f"node id {node!r} is already live (started at {started} ms)")
+        return revision
+
+    async def beat(self, node: str, heartbeat: Heartbeat, last_revision: int) -> int:
+        revision = self._bucket.update(node, heartbeat, last_revision, self.ttl)
+        if revision is None:
+            if self._bucket.live(node) is None:
+                return self._bucket.write(node, heartbeat, self.ttl)
+            raise ConflictError(f"member key {node!r} was written by another replica")
+        return revision
+
+    async def deregister(self, node: str) -> None:
+        self._bucket.write(node, None, None)
+
+    async def snapshot(self) -> dict[str, MemberRecord]:
+        return {k: MemberRecord(e.value, e.revision) for k, e in self._bucket.items().items()}
+
+    async def watch(self) -> AsyncIterator[tuple[str, MemberRecord | None]]:
+        async for key, value, revision in self._bucket.changes():
+            yield key, (MemberRecord(value, revision) if value is not None else None)
+
+    async def stored_at(self, revision: int) -> float | None:
+        return self.server_clock()
+
+
+class MemoryClaims:
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._bucket: _Bucket[ClaimRecord] = _Bucket(now)
+
+    async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
+        return self._bucket.create(key, record, ttl)
+
+    async def get(self, key: str) -> tuple[ClaimRecord, int] | None:
+        entry = self._bucket.live(key)
+        return (entry.value, entry.revision) if entry else None
+
+    async def replace(
+        self, key: str, record: ClaimRecord, last_revision: int, ttl: float
+    ) -> int | None:
+        return self._bucket.update(key, record, last_revision, ttl)
+
+
+@dataclass(frozen=True)
+class StoredTrigger:
+    seq: int
+    subject: str
+    body: bytes
+    headers: dict[str, str]
+    stored_ms: float
+
+
+class MemoryTriggers:
+    """A stream with Msg-Id deduplication over a window and per-subject sequence fencing."""
+
+    def __init__(self, duplicate_window: float = 600.0) -> None:
+        self.duplicate_window = duplicate_window
+        self.messages: list[StoredTrigger] = []
+        self._ids: dict[str, tuple[int, float]] = {}
+        self._last: dict[str, StoredTrigger] = {}
+        self._listeners: list[asyncio.Queue[tuple[str, LastTrigger]]] = []
+
+    async def publish(
+        self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
+    ) -> Published:
+        now = time.time() * 1000
+        msg_id = headers.get(HEADER_MSG_ID, "")
+        seen = self._ids.get(msg_id)
+        if msg_id and seen and now - seen[1] < self.duplicate_window * 1000:
+            return Published(seen[0], duplicate=True)
+        last = self._last.get(subject)
+        if (last.seq if last else 0) != expected_last_seq:
+            raise FenceConflict(f"{subject}: last sequence is {last.seq if last else 0}")
+        stored = StoredTrigger(len(self.messages) + 1, subject, body, dict(headers), now)
+        self.messages.append(stored)
+        self._last[subject] = stored
+        if msg_id:
+            self._ids[msg_id] = (stored.seq, now)
+        seen_last = _as_last(stored)
+        for queue in self._listeners:
+            queue.put_nowait((subject, seen_last))
+        return Published(stored.seq, duplicate=False)
+
+    async def last(self, subject: str) -> LastTrigger | None:
+        stored = self._last.get(subject)
+        return _as_last(stored) if stored else None
+
+    async def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]:
+        queue: asyncio.Queue[tuple[str, LastTrigger]] = asyncio.Queue()
+        self._listeners.append(queue)
+        try:
+            for subject, stored in list(self._last.items()):
+                yield subject, _as_last(stored)
+            yield None
+            while True:
+                yield await queue.get()
+        finally:
+            self._listeners.remove(queue)
+
+
+def _as_last(stored: StoredTrigger) -> LastTrigger:
+    return LastTrigger(
+        stored.seq,
+        stored.headers.get(HEADER_MSG_ID, ""),
+        int(stored.headers.get(HEADER_WATERMARK, "0")),
+    )
+
+
+def is_scheduled(stored: StoredTrigger) -> bool:
+    return stored.headers.get(HEADER_KIND, "scheduled") == "scheduled"
+
+
+class MemoryJobs:
+    def __init__(self) -> None:
+        self._bucket: _Bucket[JobSpec] = _Bucket(time.monotonic)
+
+    async def snapshot(self) -> dict[str, JobEvent]:
+        return {
+            k: JobEvent(k, e.value, e.revision, written_ms=e.written_ms)
+            for k, e in self._bucket.items().items()
+        }
+
+    async def get(self, name: str) -> JobEvent | None:
+        entry = self._bucket.live(name)
+        return (
+            JobEvent(name, entry.value, entry.revision, written_ms=entry.written_ms)
+            if entry
+            else None
+        )
+
+    async def put(self, spec: JobSpec, last_revision: int | None) -> int:
+        if last_revision is None:
+            return self._bucket.write(spec.name, spec, None)
+        if last_revision == 0:
+            revision = self._bucket.create(spec.name, spec)
+        else:
+            revision = self._bucket.update(spec.name, spec, last_revision)
+        if revision is None:
+            raise ConflictError(f"job {spec.name!r} changed since revision {last_revision}")
+        return revision
+
+    async def delete(self, name: str, last_revision: int | None) -> None:
+        entry = self._bucket.live(name)
+        if last_revision is not None and (entry is None or entry.revision != last_revision):
+            raise ConflictError(f"job {name!r} changed since revision {last_revision}")
+        self._bucket.write(name, None, None)
+
+    async def watch(self) -> AsyncIterator[JobEvent | None]:
+        changes = self._bucket.changes(self._bucket.subscribe())
+        for event in (await self.snapshot()).values():
+            yield event
+        yield None
+        async for key, value, revision in changes:
+            yield JobEvent(key, value, revision, written_ms=time.time() * 1000)
+
+
+class MemoryRuns:
+    def __init__(self) -> None:
+        self.active: set[str] = set()
+
+    async def running(self, job: str) -> bool:
+        return job in self.active

@@ -1,0 +1,208 @@
+"""What the engine needs from the outside world. Adapters implement these; the engine imports no
+NATS, Prometheus or OpenTelemetry code, so it runs unchanged over the in-memory store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Protocol
+
+from .model import ClaimRecord, Heartbeat, JobSpec
+
+HEADER_MSG_ID = "Nats-Msg-Id"
+HEADER_JOB = "Hrwcron-Job"
+HEADER_DUE = "Hrwcron-Due"
+# Order of a job's triggers: the nominal due of the newest scheduled tick at or before this
+# message. Manual triggers carry their predecessor's value forward so they never fence a tick.
+HEADER_WATERMARK = "Hrwcron-Watermark"
+HEADER_KIND = "Hrwcron-Kind"
+
+
+class FenceConflict(Exception):
+    """The stream refused a publish because the subject's last sequence was not the expected one."""
+
+
+class StoreUnavailable(Exception):
+    """The store did not answer in time; the write may or may not have been applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    heartbeat: Heartbeat
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTime:
+    """One clock sample: a server timestamp bracketed by local wall-clock readings (ms)."""
+
+    sent_ms: float
+    server_ms: float
+    received_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    seq: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LastTrigger:
+    """The newest trigger on a subject: its stream sequence, Msg-Id and watermark (due ms)."""
+
+    seq: int
+    msg_id: str
+    watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """A job appeared or changed (``spec`` set), was deleted (``spec`` None), or could not be
+    decoded (``error`` set). ``name`` is the store key."""
+
+    name: str
+    spec: JobSpec | None
+    revision: int
+    error: str = ""
+    written_ms: float = 0.0  # server time of this revision; 0 when unknown
+
+
+class MembersPort(Protocol):
+    async def register(self, node: str, heartbeat: Heartbeat, wait: float) -> int: ...
+    async def beat(self, node: str, heartbeat: Heartbeat, last_revision: int) -> int: ...
+    async def deregister(self, node: str) -> None: ...
+    async def snapshot(self) -> dict[str, MemberRecord]: ...
+    def watch(self) -> AsyncIterator[tuple[str, MemberRecord | None]]: ...
+    async def stored_at(self, revision: int) -> float | None:
+        """The server's timestamp (epoch ms) of the member write with this revision."""
+        ...
+
+
+class ClaimsPort(Protocol):
+    async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None: ...
+    async def get(self, key: str) -> tuple[ClaimRecord, int] | None: ...
+    async def replace(
+        self, key: str, record: ClaimRecord, last_revision: int, ttl: float
+    ) -> int | None: ...
+
+
+class TriggersPort(Protocol):
+    async def publish(
+        self,
+        subject: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        expected_last_seq: int,
+    ) -> Published: ...
+    async def last(self, subject: str) -> LastTrigger | None: ...
+    def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]: ...
+
+
+class JobsPort(Protocol):
+    def watch(self) -> AsyncIterator[JobEvent | None]: ...
+    async def snapshot(self) -> dict[str, JobEvent]: ...
+    async def get(self, name: str) -> JobEvent | None: ...
+    async def put(self, spec: JobSpec, last_revision: int | None) -> int: ...
+    async def delete(self, name: str, last_revision: int | None) -> None: ...
+
+
+class RunsPort(Protocol):
+    """Run markers written by workers, read for ``overlap = "skip"``."""
+
+    async def running(self, job: str) -> bool: ...
+
+
+class TickSpan(Protocol):
+    """The trace of one tick decision; children for claim and publish."""
+
+    def set(self, key: str, value: str | int | float | bool) -> None: ...
+    def child(
+        self, name: str, attributes: Mapping[str, str | int | float | bool]
+    ) -> AbstractContextManager[TickSpan]: ...
+    def inject(self, headers: dict[str, str]) -> None: ...
+
+
+class Observer(Protocol):
+    """Where the engine reports decisions: metrics, logs and traces live behind this."""
+
+    def tick_span(
+        self, job: str, tick_key: str, due_ms: int, rank: int
+    ) -> AbstractContextManager[TickSpan]: ...
+    def outcome(
+        self,
+        job: str,
+        outcome: str,
+        *,
+        due_ms: int,
+        rank: int,
+        attempt: int,
+        lateness_ms: float | None,
+    ) -> None: ...
+    def membership(self, live: list[str], changed_owners: int) -> None: ...
+    def readiness(self, ready: bool, reason: str) -> None: ...
+    def heartbeat(self, ok: bool, offset_ms: float, age_s: float) -> None: ...
+    def bad_job(self, name: str, error: str) -> None: ...
+    def trigger_seen(self, subject: str, last: LastTrigger) -> None: ...
+    def digest_mismatch(self, mismatched: list[str]) -> None: ...
+    def owned(self, count: int) -> None: ...
+
+
+class NullSpan:
+    """A span that records nothing: tracing off costs one method call."""
+
+    def set(self, key: str, value: str | int | float | bool) -> None:
+        return None
+
+    def child(
+        self, name: str, attributes: Mapping[str, str | int | float | bool]
+    ) -> AbstractContextManager[TickSpan]:
+        return nullcontext(self)
+
+    def inject(self, headers: dict[str, str]) -> None:
+        return None
+
+
+class NullObserver:
+    """Observes nothing; the base for observers that care about a few events only."""
+
+    _span = NullSpan()
+
+    def tick_span(
+        self, job: str, tick_key: str, due_ms: int, rank: int
+    ) -> AbstractContextManager[TickSpan]:
+        return nullcontext(self._span)
+
+    def outcome(
+        self,
+        job: str,
+        outcome: str,
+        *,
+        due_ms: int,
+        rank: int,
+        attempt: int,
+        lateness_ms: float | None,
+    ) -> None:
+        return None
+
+    def membership(self, live: list[str], changed_owners: int) -> None:
+        return None
+
+    def readiness(self, ready: bool, reason: str) -> None:
+        return None
+
+    def heartbeat(self, ok: bool, offset_ms: float, age_s: float) -> None:
+        return None
+
+    def bad_job(self, name: str, error: str) -> None:
+        return None
+
+    def trigger_seen(self, subject: str, last: LastTrigger) -> None:
+        return None
+
+    def digest_mismatch(self, mismatched: list[str]) -> None:
+        return None
+
+    def owned(self, count: int) -> None:
+        return None

@@ -1,0 +1,693 @@
+"""The replica engine: membership, one timer heap for every job, and the life of a tick.
+
+A tick (job J, nominal due T) is resolved once it is in the trigger stream, was skipped, or
+passed ``T + max_lateness``. Each replica walks every job's ticks in due order and never looks
+at a later tick before the earlier one is resolved; that, plus subject-sequence fencing on the
+publish, is what keeps a job's triggers in due order and a zombie from overtaking anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import uuid
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from . import __version__
+from .clock import Clock
+from .errors import ConflictError, DuplicateNodeError, HrwcronError, Problem
+from .failpoints import Failpoints
+from .model import ClaimRecord, Heartbeat, JobSpec, TriggerMessage, encode
+from .planner import Candidate, collapse_latest, first_due, next_wake, ranking
+from .ports import (
+    HEADER_DUE,
+    HEADER_JOB,
+    HEADER_KIND,
+    HEADER_MSG_ID,
+    HEADER_WATERMARK,
+    ClaimsPort,
+    FenceConflict,
+    JobEvent,
+    JobsPort,
+    LastTrigger,
+    MembersPort,
+    Observer,
+    RunsPort,
+    ServerTime,
+    TickSpan,
+    TriggersPort,
+)
+from .schedule import Schedule, jitter_ms
+from .ticks import TickId, format_ms
+from .view import MembershipView
+
+log = logging.getLogger("hrwcron.scheduler")
+
+RESOLVED = frozenset(
+    {"started", "duplicate", "already_claimed", "not_owner", "missed", "fenced", "skipped"}
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    node_id: str
+    weight: float = 1.0
+    tags: tuple[str, ...] = ()
+    heartbeat_interval: float = 1.0
+    member_ttl: float = 3.0
+    membership_refresh: float = 1.0
+    failover_step: float = 1.0
+    claim_lease: float = 2.0
+    max_clock_skew: float = 1.0
+    subject_prefix: str = "hrwcron.trigger"
+    max_payload: int = 64 * 1024
+    max_in_flight: int = 512
+    shutdown_timeout: float = 5.0
+    http_address: str = ""
+
+
+@dataclass
+class _Job:
+    spec: JobSpec
+    schedule: Schedule
+    subject: str
+    jitter_ms: int
+    revision: int
+    digest: int
+    due: int | None = None
+    entry: int = 0  # generation of this job's single live heap entry
+    busy: bool = False
+    acted: bool = False
+    claim_seen: tuple[int, float] | None = None
+    owner: str | None = None
+
+
+@dataclass(order=True)
+class _Wake:
+    at_ms: float
+    seq: int
+    name: str = field(compare=False)
+    entry: int = field(compare=False)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        members: MembersPort,
+        claims: ClaimsPort,
+        triggers: TriggersPort,
+        jobs: JobsPort,
+        observer: Observer,
+        runs: RunsPort | None = None,
+        clock: Clock | None = None,
+        failpoints: Failpoints | None = None,
+    ) -> None:
+        self.settings = settings
+        self.node = settings.node_id
+        self.instance = uuid.uuid4().hex
+        self.clock = clock or Clock()
+        self._members = members
+        self._claims = claims
+        self._triggers = triggers
+        self._jobs_store = jobs
+        self._runs = runs
+        self._observer = observer
+        self._failpoints = failpoints or Failpoints({})
+        self.view = MembershipView(self.node, settings.member_ttl, self.clock.monotonic)
+        self.jobs: dict[str, _Job] = {}
+        self._by_subject: dict[str, str] = {}
+        self.last: dict[str, LastTrigger] = {}
+        self._heap: list[_Wake] = []
+        self._seq = itertools.count()
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(settings.max_in_flight)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._acts: set[asyncio.Task[Any]] = set()
+        self._digest = 0
+        self._revision = 0
+        self._started_ms = 0
+        self._beat_ok: float | None = None
+        self._view_ok: float | None = None
+        self._jobs_loaded = asyncio.Event()
+        self._triggers_loaded = asyncio.Event()
+        self._stopping = False
+        self.fatal: HrwcronError | None = None
+        self.failed = asyncio.Event()  # set with ``fatal``: the process should exit
+        self._was_ready: bool | None = None
+        self._candidates: list[Candidate] = []
+
+    # ----------------------------------------------------------------- readiness and members
+
+    @property
+    def not_ready_reason(self) -> str:
+        """Empty when this replica may claim; otherwise why it must not (fail closed)."""
+        now = self.clock.monotonic()
+        ttl = self.settings.member_ttl
+        if self.fatal is not None:
+            return f"fatal: {self.fatal}"
+        if self._stopping:
+            return "stopping"
+        if self._beat_ok is None or now - self._beat_ok > ttl:
+            return "heartbeat is not reaching NATS"
+        if self._view_ok is None or now - self._view_ok > ttl:
+            return "membership view is stale"
+        if not self._jobs_loaded.is_set() or not self._triggers_loaded.is_set():
+            return "loading jobs and trigger history"
+        if not self.clock.estimator.known:
+            return "clock offset to the NATS server is not known yet"
+        skew = abs(self.clock.offset_ms)
+        if skew > self.settings.max_clock_skew * 1000:
+            return (
+                f"clock is {skew:.0f} ms off the NATS server's "
+                f"(max_clock_skew is {self.settings.max_clock_skew:g} s)"
+            )
+        return ""
+
+    @property
+    def ready(self) -> bool:
+        return not self.not_ready_reason
+
+    def _refresh_candidates(self) -> None:
+        ready = self.ready
+        if ready != self._was_ready:
+            self._was_ready = ready
+            self._observer.readiness(ready, self.not_ready_reason)
+            self._wakeup.set()
+        candidates = self.view.candidates(ready, self.settings.weight, list(self.settings.tags))
+        if candidates != self._candidates:
+            self._candidates = candidates
+            self._observer.membership([c.node for c in candidates], 0)
+            log.info("live members: %s", ", ".join(c.node for c in candidates) or "none")
+
+    def _heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            node=self.node,
+            instance=self.instance,
+            started_ms=self._started_ms,
+            version=__version__,
+            weight=self.settings.weight,
+            tags=list(self.settings.tags),
+            digest=self.digest,
+            jobs=len(self.jobs),
+            ready=self.ready,
+            reason=self.not_ready_reason,
+            http=self.settings.http_address,
+        )
+
+    @property
+    def digest(self) -> str:
+        return f"{self._digest:016x}"
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval)
+            try:
+                await self._beat()
+                self._beat_ok = self.clock.monotonic()
+            except ConflictError as exc:
+                self.fatal = DuplicateNodeError(
+                    f"node id {self.node!r} is being written by another replica: {exc}"
+                )
+                log.error("%s; this replica stops claiming", self.fatal)
+                self.failed.set()
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+            age = self.clock.monotonic() - self._beat_ok if self._beat_ok else float("inf")
+            self._observer.heartbeat(age < self.settings.member_ttl, self.clock.offset_ms, age)
+            self._check_digests()
+            self._refresh_candidates()
+
+    async def _beat(self, first: bool = False) -> None:
+        """Write the heartbeat and learn the clock offset from the server's timestamp of it."""
+        sent = self.clock.local_ms()
+        if first:
+            self._revision = await self._members.register(
+                self.node, self._heartbeat(), wait=self.settings.member_ttl + 1
+            )
+        else:
+            self._revision = await self._members.beat(self.node, self._heartbeat(), self._revision)
+        received = self.clock.local_ms()
+        stored = await self._members.stored_at(self._revision)
+        if stored is not None:
+            self.clock.estimator.add(ServerTime(sent, stored, received))
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            try:
+                self.view.replace_all(await self._members.snapshot())
+                self._view_ok = self.clock.monotonic()
+            except Exception as exc:
+                log.warning("membership read failed: %s", exc)
+            self._refresh_candidates()
+            await asyncio.sleep(self.settings.membership_refresh)
+
+    async def _watch_members(self) -> None:
+        while True:
+            try:
+                async for node, record in self._members.watch():
+                    self.view.update(node, record)
+                    self._refresh_candidates()
+            except Exception as exc:
+                log.warning("membership watch stopped (%s); restarting it", exc)
+            await asyncio.sleep(self.settings.heartbeat_interval)
+
+    def _check_digests(self) -> None:
+        others = [
+            node
+            for node, (hb, age) in self.view.heartbeats().items()
+            if node != self.node
+            and hb.digest
+            and age < self.settings.member_ttl
+            and hb.digest != self.digest
+        ]
+        self._observer.digest_mismatch(others)
+
+    # ----------------------------------------------------------------------------- jobs
+
+    async def _watch_jobs(self) -> None:
+        while True:
+            try:
+                async for event in self._jobs_store.watch():
+                    if event is None:
+                        if not self._jobs_loaded.is_set():
+                            log.info("loaded %d jobs", len(self.jobs))
+                        self._jobs_loaded.set()
+                        continue
+                    self._apply_job(event)
+            except Exception as exc:
+                log.warning("jobs watch stopped (%s); restarting it", exc)
+            await asyncio.sleep(self.settings.heartbeat_interval)
+
+    def _apply_job(self, event: JobEvent) -> None:
+        spec = event.spec
+        old = self.jobs.get(event.name)
+        if spec is not None and not event.error:
+            problems = spec.problems(
+                prefix=self.settings.subject_prefix, max_payload=self.settings.max_payload
+            )
+            if spec.name != event.name:
+                problems.insert(0, Problem("name", f"key {event.name!r} holds job {spec.name!r}"))
+            if problems:
+                event = JobEvent(event.name, None, event.revision, "; ".join(map(str, problems)))
+        if event.error:
+            log.warning("job %r skipped: %s", event.name, event.error)
+            self._observer.bad_job(event.name, event.error)
+        if old is not None and old.revision >= event.revision:
+            return
+        if old is not None:
+            self._digest ^= old.digest
+            self._by_subject.pop(old.subject, None)
+            old.entry += 1  # invalidates its heap entry; an in-flight act sees it too
+            del self.jobs[event.name]
+        if event.spec is None or event.error:
+            return
+        spec = event.spec
+        subject = spec.trigger_subject(self.settings.subject_prefix)
+        job = _Job(
+            spec=spec,
+            schedule=Schedule.parse(spec.schedule, spec.tz),
+            subject=subject,
+            jitter_ms=jitter_ms(spec.name, spec.jitter),
+            revision=event.revision,
+            digest=xxhash.xxh3_64_intdigest(encode(spec)),
+        )
+        self._digest ^= job.digest
+        self.jobs[spec.name] = job
+        self._by_subject[subject] = spec.name
+        if spec.paused:
+            return
+        same_schedule = (
+            old is not None
+            and old.due is not None
+            and (old.spec.schedule, old.spec.tz) == (spec.schedule, spec.tz)
+        )
+        if same_schedule and old is not None:
+            job.due = old.due
+            job.acted = old.acted
+        else:
+            last = self.last.get(subject)
+            job.due = first_due(
+                job.schedule,
+                now_ms=self.clock.now_ms(),
+                lateness_ms=spec.max_lateness_ms,
+                last_done_ms=last.watermark if last else None,
+                written_ms=event.written_ms,
+            )
+        self._collapse(job)
+        self._push(job, (job.due or 0) + job.jitter_ms)
+
+    # ------------------------------------------------------------------ trigger history
+
+    async def _follow_triggers(self) -> None:
+        while True:
+            try:
+                async for item in self._triggers.follow():
+                    if item is None:
+                        self._triggers_loaded.set()
+                        continue
+                    subject, seen = item
+                    self._remember(subject, seen)
+                    self._observer.trigger_seen(subject, seen)
+            except Exception as exc:
+                log.warning("trigger feed stopped (%s); restarting it", exc)
+            await asyncio.sleep(self.settings.heartbeat_interval)
+
+    def _remember(self, subject: str, seen: LastTrigger) -> None:
+        known = self.last.get(subject)
+        if known is None or known.seq < seen.seq:
+            self.last[subject] = seen
+            name = self._by_subject.get(subject)
+            job = self.jobs.get(name) if name else None
+            if job and job.due is not None and not job.busy and seen.watermark >= job.due:
+                self._push(job, 0)
+
+    def _done(self, job: _Job, due: int) -> LastTrigger | None:
+        last = self.last.get(job.subject)
+        return last if last is not None and last.watermark >= due else None
+
+    # ------------------------------------------------------------------------ the timer
+
+    def _push(self, job: _Job, at_ms: float) -> None:
+        job.entry += 1
+        heapq.heappush(self._heap, _Wake(at_ms, next(self._seq), job.spec.name, job.entry))
+        if self._heap[0].at_ms == at_ms:
+            self._wakeup.set()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._wakeup.clear()
+            delay = 3600.0
+            if self._heap:
+                delay = (self._heap[0].at_ms - self.clock.now_ms()) / 1000
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=min(delay, 3600.0))
+                continue
+            now = self.clock.now_ms()
+            batch = 0
+            while self._heap and self._heap[0].at_ms <= now and batch < 2000:
+                wake = heapq.heappop(self._heap)
+                job = self.jobs.get(wake.name)
+                if job is not None and job.entry == wake.entry and not job.busy:
+                    self._evaluate(job, now)
+                batch += 1
+            await asyncio.sleep(0)  # a herd of due ticks must not starve the event loop
+
+    def _evaluate(self, job: _Job, now: float) -> None:
+        due = job.due
+        if due is None or self._stopping:
+            return
+        if self._done(job, due):
+            self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
+            return
+        order = ranking(job.spec.name, job.spec.tags, self._candidates)
+        owner = order[0] if order else None
+        if owner != job.owner:
+            job.owner = owner
+        if now > due + job.spec.max_lateness_ms:
+            counts = owner == self.node or (owner is None and self.ready)
+            self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
+            return
+        if not self.ready or self.node not in order:
+            # Fail closed: look again when the tick might be done, or our readiness returns.
+            self._push(job, min(now + 250, due + job.spec.max_lateness_ms + 1))
+            return
+        rank = order.index(self.node)
+        fire = due + job.jitter_ms
+        wake = next_wake(now, fire, rank, int(self.settings.failover_step * 1000))
+        if wake is not None:
+            self._push(job, wake)
+            return
+        job.busy = True
+        self._spawn_act(job, due, rank)
+
+    def _spawn_act(self, job: _Job, due: int, rank: int) -> None:
+        task = asyncio.create_task(self._act(job, job.entry, due, rank))
+        self._acts.add(task)
+        task.add_done_callback(self._acts.discard)
+
+    async def _act(self, job: _Job, entry: int, due: int, rank: int) -> None:
+        outcome, attempt = "error", 0
+        tick = TickId(job.spec.name, due)
+        async with self._slots:
+            with self._observer.tick_span(job.spec.name, tick.key, due, rank) as span:
+                try:
+                    outcome, attempt = await self._claim_and_publish(job, tick, rank, span)
+                except Exception as exc:
+                    log.warning("tick %s: %s: %s", tick.key, type(exc).__name__, exc)
+                    span.set("error", str(exc))
+                span.set("outcome", outcome)
+                span.set("attempt", attempt)
+        job.busy = False
+        if job.entry != entry or self.jobs.get(job.spec.name) is not job:
+            return  # the job changed or was removed meanwhile
+        if outcome in RESOLVED:
+            self._finish(job, outcome, due, rank, attempt)
+            return
+        self._observer.outcome(
+            job.spec.name, outcome, due_ms=due, rank=rank, attempt=attempt, lateness_ms=None
+        )
+        retry = 250.0
+        if job.claim_seen is not None:
+            lease_left = self.settings.claim_lease - (self.clock.monotonic() - job.claim_seen[1])
+            retry = min(retry, max(10.0, lease_left * 1000))
+        self._push(job, self.clock.now_ms() + retry)
+
+    def _finish(
+        self, job: _Job, outcome: str, due: int, rank: int, attempt: int, count: bool = True
+    ) -> None:
+        lateness = None
+        if outcome == "started":
+            lateness = self.clock.now_ms() - due
+        if count:
+            self._observer.outcome(
+                job.spec.name,
+                outcome,
+                due_ms=due,
+                rank=rank,
+                attempt=attempt,
+                lateness_ms=lateness,
+            )
+        if outcome in ("missed", "fenced"):
+            log.warning("tick %s: %s", TickId(job.spec.name, due).key, outcome)
+        job.acted = False
+        job.claim_seen = None
+        job.due = job.schedule.next_after(due)
+        self._collapse(job)
+        self._push(job, job.due + job.jitter_ms)
+
+    def _collapse(self, job: _Job) -> None:
+        if job.spec.catchup != "latest" or job.due is None:
+            return
+        job.due, passed = collapse_latest(job.schedule, job.due, self.clock.now_ms())
+        if passed and job.owner == self.node:
+            for _ in range(passed):
+                self._observer.outcome(
+                    job.spec.name, "missed", due_ms=job.due, rank=0, attempt=0, lateness_ms=None
+                )
+
+    # ------------------------------------------------------------------ claim and publish
+
+    def _claim_ttl(self, job: _Job) -> float:
+        return job.spec.max_lateness + job.jitter_ms / 1000 + 10 * self.settings.claim_lease + 10
+
+    async def _claim_and_publish(
+        self, job: _Job, tick: TickId, rank: int, span: TickSpan
+    ) -> tuple[str, int]:
+        if self._done(job, tick.due_ms):
+            return ("already_claimed" if job.acted else "not_owner"), 0
+        job.acted = True
+        key = tick.claim_key
+        mine = ClaimRecord(
+            node=self.node,
+            instance=self.instance,
+            attempt=1,
+            claimed_ms=int(self.clock.now_ms()),
+        )
+        with span.child("hrwcron.claim", {"hrwcron.claim.key": key}) as claim_span:
+            revision = await self._claims.create(key, mine, self._claim_ttl(job))
+            claim_span.set("hrwcron.claim.won", revision is not None)
+        if revision is not None:
+            await self._failpoints.hit("after_claim", tick.job)
+            return await self._publish_or_skip(job, tick, mine, revision, span)
+        held = await self._claims.get(key)
+        if held is None:
+            return "lock_busy", 0  # expired between our create and get: try again
+        record, revision = held
+        if record.outcome == "skipped":
+            return "already_claimed", record.attempt
+        if record.instance == self.instance:
+            return await self._publish_or_skip(job, tick, record, revision, span)
+        now = self.clock.monotonic()
+        if job.claim_seen is None or job.claim_seen[0] != revision:
+            job.claim_seen = (revision, now)
+            return "lock_busy", record.attempt
+        if now - job.claim_seen[1] < self.settings.claim_lease:
+            return "lock_busy", record.attempt
+        takeover = ClaimRecord(
+            node=self.node,
+            instance=self.instance,
+            attempt=record.attempt + 1,
+            claimed_ms=int(self.clock.now_ms()),
+        )
+        new_revision = await self._claims.replace(key, takeover, revision, self._claim_ttl(job))
+        if new_revision is None:
+            job.claim_seen = None
+            return "lock_busy", record.attempt
+        log.info(
+            "tick %s: took over the claim of %s (unchanged for %.1f s)",
+            tick.key,
+            record.node,
+            now - job.claim_seen[1],
+        )
+        span.set("hrwcron.takeover", True)
+        return await self._publish_or_skip(job, tick, takeover, new_revision, span)
+
+    async def _publish_or_skip(
+        self, job: _Job, tick: TickId, claim: ClaimRecord, revision: int, span: TickSpan
+    ) -> tuple[str, int]:
+        runs = self._runs if job.spec.overlap == "skip" and claim.attempt == 1 else None
+        if runs is not None and await runs.running(job.spec.name):
+            skipped = ClaimRecord(
+                node=claim.node,
+                instance=claim.instance,
+                attempt=claim.attempt,
+                claimed_ms=claim.claimed_ms,
+                outcome="skipped",
+            )
+            await self._claims.replace(tick.claim_key, skipped, revision, self._claim_ttl(job))
+            return "skipped", claim.attempt
+        return await self._publish(job, tick, claim.attempt, span), claim.attempt
+
+    async def _publish(self, job: _Job, tick: TickId, attempt: int, span: TickSpan) -> str:
+        for _ in range(5):
+            if self.clock.now_ms() > tick.due_ms + job.spec.max_lateness_ms:
+                return "missed"  # a replica that woke up late must not publish late
+            last = self.last.get(job.subject)
+            if last is not None and last.watermark >= tick.due_ms:
+                return "duplicate" if last.msg_id == tick.key else "fenced"
+            expected = last.seq if last else 0
+            headers = {
+                HEADER_MSG_ID: tick.key,
+                HEADER_JOB: job.spec.name,
+                HEADER_DUE: format_ms(tick.due_ms),
+                HEADER_WATERMARK: str(tick.due_ms),
+                HEADER_KIND: "scheduled",
+            }
+            attributes = {
+                "messaging.system": "nats",
+                "messaging.destination.name": job.subject,
+                "messaging.message.id": tick.key,
+                "messaging.operation.type": "publish",
+            }
+            with span.child(f"publish {job.subject}", attributes) as publish_span:
+                publish_span.inject(headers)
+                body = self._trigger_body(job, tick, attempt)
+                try:
+                    ack = await self._triggers.publish(job.subject, body, headers, expected)
+                except FenceConflict:
+                    publish_span.set("hrwcron.fenced", True)
+                    self.last.pop(job.subject, None)
+                    fresh = await self._triggers.last(job.subject)
+                    if fresh is not None:
+                        self._remember(job.subject, fresh)
+                    continue
+            if not ack.duplicate:
+                self._remember(job.subject, LastTrigger(ack.seq, tick.key, tick.due_ms))
+            return "duplicate" if ack.duplicate else "started"
+        return "lock_busy"
+
+    def _trigger_body(self, job: _Job, tick: TickId, attempt: int) -> bytes:
+        return encode(
+            TriggerMessage(
+                job=job.spec.name,
+                tick=tick.key,
+                due=format_ms(tick.due_ms),
+                due_ms=tick.due_ms,
+                fired_at=format_ms(int(self.clock.now_ms())),
+                node=self.node,
+                attempt=attempt,
+                payload=job.spec.payload,
+            )
+        )
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s crashed: %r", task.get_name(), task.exception())
+
+    async def start(self) -> None:
+        """Join the membership and start every loop; returns once the replica is running."""
+        self._started_ms = int(self.clock.local_ms())
+        await self._beat(first=True)
+        self._beat_ok = self.clock.monotonic()
+        self.view.replace_all(await self._members.snapshot())
+        self._view_ok = self.clock.monotonic()
+        self._spawn(self._follow_triggers(), "trigger-feed")
+        await _wait_event(self._triggers_loaded, 30, "trigger history")
+        self._spawn(self._watch_jobs(), "jobs-watch")
+        await _wait_event(self._jobs_loaded, 30, "job list")
+        self._spawn(self._watch_members(), "members-watch")
+        self._spawn(self._refresh_loop(), "members-refresh")
+        self._spawn(self._heartbeat_loop(), "heartbeat")
+        self._spawn(self._timer_loop(), "timer")
+        self._spawn(self._owned_loop(), "owned-count")
+        self._refresh_candidates()
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop claiming, let in-flight publishes finish (bounded), then leave the membership."""
+        timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        self._stopping = True
+        if self._acts:
+            await asyncio.wait(set(self._acts), timeout=max(0.1, timeout - 1))
+        for task in list(self._tasks) + list(self._acts):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._acts, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._members.deregister(self.node), timeout=1)
+
+    async def _owned_loop(self) -> None:
+        """Counts owned jobs in slices, so even 100,000 jobs never stall the loop."""
+        while True:
+            owned = 0
+            for index, job in enumerate(list(self.jobs.values())):
+                order = ranking(job.spec.name, job.spec.tags, self._candidates)
+                owned += bool(order) and order[0] == self.node
+                if index % 2000 == 1999:
+                    await asyncio.sleep(0)
+            self._observer.owned(owned)
+            await asyncio.sleep(max(5.0, self.settings.heartbeat_interval))
+
+    # --------------------------------------------------------------------------- status
+
+    def ranking_of(self, name: str) -> list[str]:
+        job = self.jobs.get(name)
+        return ranking(name, job.spec.tags if job else [], self._candidates)
+
+    def iter_jobs(self) -> Iterator[tuple[str, JobSpec, int | None, int]]:
+        """(name, spec, next due ms, jitter ms) for every known job."""
+        for name, job in self.jobs.items():
+            yield name, job.spec, job.due, job.jitter_ms
+
+
+async def _wait_event(event: asyncio.Event, timeout: float, what: str) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        raise HrwcronError(f"timed out after {timeout:g} s loading the {what}") from None
