@@ -22,6 +22,10 @@ class OffsetEstimator:
     def add(self, sample: ServerTime) -> None:
         rtt = max(0.0, sample.received_ms - sample.sent_ms)
         offset = sample.server_ms - (sample.sent_ms + sample.received_ms) / 2
+        if self.samples and abs(offset - self.offset_ms) > rtt / 2 + self.error_ms + 50:
+            # The local clock jumped (or was stepped): older samples describe a clock that no
+            # longer exists, however short their round trips were.
+            self.samples.clear()
         self.samples.append((rtt, offset))
         while len(self.samples) > self.window:
             self.samples.popleft()

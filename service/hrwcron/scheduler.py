@@ -22,7 +22,7 @@ import xxhash
 
 from . import __version__
 from .clock import Clock
-from .errors import ConflictError, DuplicateNodeError, HrwcronError, Problem
+from .errors import ConflictError, DuplicateNodeError, HrwcronError, NotFoundError, Problem
 from .failpoints import Failpoints
 from .model import ClaimRecord, Heartbeat, JobSpec, TriggerMessage, encode
 from .planner import Candidate, collapse_latest, first_due, next_wake, ranking
@@ -142,6 +142,7 @@ class Scheduler:
         self._stopping = False
         self.fatal: HrwcronError | None = None
         self.failed = asyncio.Event()  # set with ``fatal``: the process should exit
+        self._owned_dirty = asyncio.Event()
         self._was_ready: bool | None = None
         self._candidates: list[Candidate] = []
 
@@ -185,6 +186,7 @@ class Scheduler:
         candidates = self.view.candidates(ready, self.settings.weight, list(self.settings.tags))
         if candidates != self._candidates:
             self._candidates = candidates
+            self._owned_dirty.set()
             self._observer.membership([c.node for c in candidates], 0)
             log.info("live members: %s", ", ".join(c.node for c in candidates) or "none")
 
@@ -322,6 +324,7 @@ class Scheduler:
         )
         self._digest ^= job.digest
         self.jobs[spec.name] = job
+        self._owned_dirty.set()
         self._by_subject[subject] = spec.name
         if spec.paused:
             return
@@ -569,29 +572,41 @@ class Scheduler:
         return await self._publish(job, tick, claim.attempt, span), claim.attempt
 
     async def _publish(self, job: _Job, tick: TickId, attempt: int, span: TickSpan) -> str:
+        return await self._fenced_publish(job, tick.key, tick.due_ms, "scheduled", attempt, span)
+
+    async def _fenced_publish(
+        self, job: _Job, msg_id: str, due_ms: int, kind: str, attempt: int, span: TickSpan
+    ) -> str:
+        """Publish with ``Nats-Msg-Id`` and the subject's expected last sequence.
+
+        A scheduled tick also checks order: if the subject already holds this tick or a later
+        one, publishing now could only duplicate or reorder, so it stops. Manual and backfill
+        triggers carry their predecessor's watermark so they never fence a scheduled tick."""
+        scheduled = kind == "scheduled"
         for _ in range(5):
-            if self.clock.now_ms() > tick.due_ms + job.spec.max_lateness_ms:
+            if scheduled and self.clock.now_ms() > due_ms + job.spec.max_lateness_ms:
                 return "missed"  # a replica that woke up late must not publish late
             last = self.last.get(job.subject)
-            if last is not None and last.watermark >= tick.due_ms:
-                return "duplicate" if last.msg_id == tick.key else "fenced"
-            expected = last.seq if last else 0
+            if scheduled and last is not None and last.watermark >= due_ms:
+                return "duplicate" if last.msg_id == msg_id else "fenced"
+            watermark = due_ms if scheduled else (last.watermark if last else 0)
             headers = {
-                HEADER_MSG_ID: tick.key,
+                HEADER_MSG_ID: msg_id,
                 HEADER_JOB: job.spec.name,
-                HEADER_DUE: format_ms(tick.due_ms),
-                HEADER_WATERMARK: str(tick.due_ms),
-                HEADER_KIND: "scheduled",
+                HEADER_DUE: format_ms(due_ms),
+                HEADER_WATERMARK: str(watermark),
+                HEADER_KIND: kind,
             }
             attributes = {
                 "messaging.system": "nats",
                 "messaging.destination.name": job.subject,
-                "messaging.message.id": tick.key,
+                "messaging.message.id": msg_id,
                 "messaging.operation.type": "publish",
             }
             with span.child(f"publish {job.subject}", attributes) as publish_span:
                 publish_span.inject(headers)
-                body = self._trigger_body(job, tick, attempt)
+                body = self._trigger_body(job, msg_id, due_ms, kind, attempt)
+                expected = last.seq if last else 0
                 try:
                     ack = await self._triggers.publish(job.subject, body, headers, expected)
                 except FenceConflict:
@@ -602,23 +617,48 @@ class Scheduler:
                         self._remember(job.subject, fresh)
                     continue
             if not ack.duplicate:
-                self._remember(job.subject, LastTrigger(ack.seq, tick.key, tick.due_ms))
+                self._remember(job.subject, LastTrigger(ack.seq, msg_id, watermark))
             return "duplicate" if ack.duplicate else "started"
         return "lock_busy"
 
-    def _trigger_body(self, job: _Job, tick: TickId, attempt: int) -> bytes:
+    def _trigger_body(self, job: _Job, msg_id: str, due_ms: int, kind: str, attempt: int) -> bytes:
         return encode(
             TriggerMessage(
                 job=job.spec.name,
-                tick=tick.key,
-                due=format_ms(tick.due_ms),
-                due_ms=tick.due_ms,
+                tick=msg_id,
+                due=format_ms(due_ms),
+                due_ms=due_ms,
                 fired_at=format_ms(int(self.clock.now_ms())),
                 node=self.node,
                 attempt=attempt,
                 payload=job.spec.payload,
+                kind=kind,  # type: ignore[arg-type]
             )
         )
+
+    async def publish_unscheduled(self, name: str, msg_id: str, due_ms: int, kind: str) -> str:
+        """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
+        claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
+        claimed or published before) or ``lock_busy``; raises NotFoundError for a bad name."""
+        job = self.jobs.get(name)
+        if job is None:
+            raise NotFoundError(f"no job named {name!r}")
+        claim_key = msg_id.replace(":", ".")
+        record = ClaimRecord(
+            node=self.node,
+            instance=self.instance,
+            attempt=1,
+            claimed_ms=int(self.clock.now_ms()),
+        )
+        with self._observer.tick_span(name, msg_id, due_ms, 0) as span:
+            span.set("hrwcron.kind", kind)
+            if await self._claims.create(claim_key, record, self._claim_ttl(job)) is None:
+                span.set("outcome", "duplicate")
+                return "duplicate"
+            outcome = await self._fenced_publish(job, msg_id, due_ms, kind, 1, span)
+            span.set("outcome", outcome)
+        self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
+        return outcome
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -663,8 +703,11 @@ class Scheduler:
             await asyncio.wait_for(self._members.deregister(self.node), timeout=1)
 
     async def _owned_loop(self) -> None:
-        """Counts owned jobs in slices, so even 100,000 jobs never stall the loop."""
+        """Counts owned jobs after membership or job changes, in slices, so even 100,000 jobs
+        neither stall the loop nor cost CPU while nothing changes."""
         while True:
+            await self._owned_dirty.wait()
+            self._owned_dirty.clear()
             owned = 0
             for index, job in enumerate(list(self.jobs.values())):
                 order = ranking(job.spec.name, job.spec.tags, self._candidates)
@@ -672,7 +715,7 @@ class Scheduler:
                 if index % 2000 == 1999:
                     await asyncio.sleep(0)
             self._observer.owned(owned)
-            await asyncio.sleep(max(5.0, self.settings.heartbeat_interval))
+            await asyncio.sleep(1.0)  # coalesce bursts of changes into one recount
 
     # --------------------------------------------------------------------------- status
 
