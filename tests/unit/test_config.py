@@ -1,0 +1,518 @@
+"""Configuration loading: defaults, every problem reported at once, env overlay, secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hrwcron.config import (
+    Config,
+    ConfigFileError,
+    config_warnings,
+    default_node_id,
+    load_config,
+    parse_config,
+    redact_url,
+)
+from hrwcron.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hrwcron.toml"
+
+GOOD_JOBS = """
+[[jobs]]
+name = "a"
+schedule = "* * * * *"
+"""
+
+
+def parse(text: str, env: dict[str, str] | None = None) -> Config:
+    return parse_config(text, "test.toml", env or {})
+
+
+def problems(text: str, env: dict[str, str] | None = None) -> ConfigFileError:
+    with pytest.raises(ConfigFileError) as info:
+        parse(text, env)
+    return info.value
+
+
+def wheres(err: ConfigError) -> set[str]:
+    return {p.where for p in err.problems}
+
+
+def test_defaults_without_file() -> None:
+    cfg = load_config(None, {})
+    assert cfg.nats.servers == ["nats://127.0.0.1:4222"]
+    assert cfg.nats.connect_timeout == 2.0
+    assert cfg.nats.name == "hrwcron"
+    assert cfg.nats.tls_handshake_first is False
+    s = cfg.scheduler
+    assert s.node_id == default_node_id()
+    assert (s.weight, s.tags) == (1.0, [])
+    assert (s.heartbeat_interval, s.member_ttl, s.failover_step) == (1.0, 3.0, 1.0)
+    assert (s.claim_lease, s.max_clock_skew, s.membership_refresh) == (2.0, 1.0, 1.0)
+    assert s.max_payload == 65536
+    assert (s.members_bucket, s.claims_bucket) == ("hrwcron_members", "hrwcron_claims")
+    assert (s.jobs_bucket, s.runs_bucket) == ("hrwcron_jobs", "hrwcron_runs")
+    assert (s.stream, s.subject_prefix) == ("HRWCRON_TRIGGERS", "hrwcron.trigger")
+    assert s.stream_subjects == "hrwcron.trigger.>"
+    assert (s.replicas, s.storage) == (1, "file")
+    assert (s.duplicate_window, s.stream_max_age) == (600.0, 86400.0)
+    assert (s.apply_jobs, s.shutdown_timeout, s.max_in_flight, s.per_job_metrics) == (
+        True,
+        5.0,
+        512,
+        True,
+    )
+    assert cfg.http.listen == "127.0.0.1:9464"
+    t = cfg.telemetry
+    assert (t.log_format, t.log_level, t.traces, t.service_name) == (
+        "text",
+        "info",
+        False,
+        "hrwcron",
+    )
+    assert cfg.jobs == []
+    assert config_warnings(cfg) == []
+
+
+def test_empty_file_is_the_defaults() -> None:
+    assert parse("") == load_config(None, {})
+
+
+@pytest.mark.parametrize(
+    ("host", "node"),
+    [
+        ("web-1", "web-1"),
+        ("web-1.eu.example.com", "web-1-eu-example-com"),
+        ("ip-10-0-0-1 (prod)", "ip-10-0-0-1-prod"),
+        ("...", "hrwcron"),
+        ("", "hrwcron"),
+        ("a" * 100, "a" * 64),
+    ],
+)
+def test_default_node_id_is_kv_key_safe(host: str, node: str) -> None:
+    assert default_node_id(host) == node
+
+
+def test_jobs_and_duration_strings() -> None:
+    cfg = parse(
+        """
+        [scheduler]
+        node_id = "n-1"
+        heartbeat_interval = "500ms"
+        member_ttl = 2
+        duplicate_window = "1h"
+
+        [[jobs]]
+        name = "reports.daily"
+        schedule = "30 2 * * *"
+        tz = "America/New_York"
+        max_lateness = "15m"
+        jitter = "1m30s"
+        payload = { a = 1, b = ["x"] }
+        tags = ["gpu"]
+
+        [[jobs]]
+        name = "b"
+        schedule = "@every 90s"
+        max_lateness = 45
+        jitter = 2.5
+        """
+    )
+    assert cfg.scheduler.node_id == "n-1"
+    assert cfg.scheduler.heartbeat_interval == 0.5
+    assert cfg.scheduler.member_ttl == 2.0
+    assert cfg.scheduler.duplicate_window == 3600.0
+    first, second = cfg.jobs
+    assert (first.name, first.tz, first.max_lateness, first.jitter) == (
+        "reports.daily",
+        "America/New_York",
+        900.0,
+        90.0,
+    )
+    assert first.payload == {"a": 1, "b": ["x"]}
+    assert first.tags == ["gpu"]
+    assert (second.max_lateness, second.jitter, second.tz) == (45.0, 2.5, "UTC")
+
+
+BROKEN = """
+[nats]
+servers = ["nats://127.0.0.1:4222", "http://127.0.0.1:8222"]
+password = "hunter2"
+creds = "does-not-exist.creds"
+tls_cert = "cert.pem"
+connect_timeout = "soon"
+
+[scheduler]
+weight = 0
+member_ttl = 0.5
+hearbeat_interval = 1
+storage = "disk"
+replicas = 7
+stream_max_age = 60
+node_id = "web 1"
+
+[http]
+listen = "localhost"
+
+[telemetry]
+log_level = "verbose"
+
+[[jobs]]
+name = "a"
+schedule = "* * * * *"
+
+[[jobs]]
+name = "a"
+schedule = "0 * * * *"
+
+[[jobs]]
+name = "bad-schedule"
+schedule = "61 * * * *"
+
+[[jobs]]
+name = "bad-zone"
+schedule = "0 9 * * *"
+tz = "Mars/Olympus_Mons"
+
+[[jobs]]
+name = "no-schedule"
+
+[[jobs]]
+name = "late"
+schedule = "0 9 * * *"
+max_lateness = "forever"
+
+[[jobs]]
+name = "same-subject"
+schedule = "0 9 * * *"
+subject = "hrwcron.trigger.a"
+
+[[jobs]]
+name = "bad name!"
+schedule = "0 9 * * *"
+colour = "blue"
+"""
+
+
+def test_broken_file_reports_every_problem_at_once() -> None:
+    err = problems(BROKEN)
+    expected = {
+        "nats.servers[1]",
+        "nats.password",
+        "nats.creds",
+        "nats.tls_cert",
+        "nats.connect_timeout",
+        "scheduler.weight",
+        "scheduler.member_ttl",
+        "scheduler.hearbeat_interval",
+        "scheduler.storage",
+        "scheduler.replicas",
+        "scheduler.stream_max_age",
+        "scheduler.node_id",
+        "http.listen",
+        "telemetry.log_level",
+        "jobs[1].name",
+        "jobs[2].schedule",
+        "jobs[3].tz",
+        "jobs[4].schedule",
+        "jobs[5].max_lateness",
+        "jobs[6].subject",
+        "jobs[7].name",
+        "jobs[7].colour",
+    }
+    assert wheres(err) == expected
+    by_where = {p.where: p.message for p in err.problems}
+    assert "heartbeat_interval" in by_where["scheduler.hearbeat_interval"]  # suggests the fix
+    assert "nats://" in by_where["nats.servers[1]"]
+    assert "needs nats.user" in by_where["nats.password"]
+    assert "jobs[0]" in by_where["jobs[1].name"]
+    assert "jobs[0]" in by_where["jobs[6].subject"]
+    assert "is required" in by_where["jobs[4].schedule"]
+    assert "'disk'" in by_where["scheduler.storage"]
+    # Every line names the file, as check-config prints them.
+    assert all(line.startswith("test.toml: ") for line in err.lines())
+    assert "test.toml: scheduler.member_ttl: " in str(err)
+    assert isinstance(err, ConfigError)
+
+
+def test_a_bad_value_does_not_cause_follow_on_errors() -> None:
+    err = problems('[scheduler]\nheartbeat_interval = "fast"\nmember_ttl = 0.5\n')
+    assert wheres(err) == {"scheduler.heartbeat_interval"}
+
+
+def test_toml_syntax_error_gives_line_and_column() -> None:
+    err = problems('[nats]\nname = "x"\nservers = \n')
+    (problem,) = err.problems
+    assert problem.where == "line 3, column 11"
+    assert problem.message.startswith("invalid TOML: ")
+    assert err.lines() == [f"test.toml: line 3, column 11: {problem.message}"]
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("[natz]\n", "natz"),
+        ("[nats]\nserver = 'nats://x:4222'\n", "nats.server"),
+        ("[http]\nport = 80\n", "http.port"),
+        ("[telemetry]\nlevel = 'info'\n", "telemetry.level"),
+        (GOOD_JOBS + "tzz = 'UTC'\n", "jobs[0].tzz"),
+        ("jobs = 3\n", "jobs"),
+        ("nats = 'x'\n", "nats"),
+    ],
+)
+def test_unknown_keys_and_wrong_shapes_are_rejected(text: str, where: str) -> None:
+    assert wheres(problems(text)) == {where}
+
+
+def test_type_errors_name_the_field() -> None:
+    err = problems(
+        "[scheduler]\nreplicas = 1.5\napply_jobs = 'yes'\ntags = ['ok', 3]\n"
+        "[nats]\nservers = 'nats://x:4222'\n"
+    )
+    assert wheres(err) == {
+        "scheduler.replicas",
+        "scheduler.apply_jobs",
+        "scheduler.tags[1]",
+        "nats.servers",
+    }
+
+
+def test_non_finite_numbers_are_rejected() -> None:
+    assert wheres(problems("[scheduler]\nweight = inf\nmember_ttl = nan\n")) == {
+        "scheduler.weight",
+        "scheduler.member_ttl",
+    }
+
+
+def test_url_key_is_a_comma_separated_server_list() -> None:
+    cfg = parse('[nats]\nurl = "nats://a:4222, tls://b:4222"\n')
+    assert cfg.nats.servers == ["nats://a:4222", "tls://b:4222"]
+    err = problems('[nats]\nurl = "nats://a:4222"\nservers = ["nats://b:4222"]\n')
+    assert wheres(err) == {"nats.url"}
+    err = problems('[nats]\nurl = "ftp://a"\n')
+    assert wheres(err) == {"nats.servers[0]"}
+    assert "nats.url" in err.problems[0].message
+
+
+def test_lateness_must_fit_the_duplicate_window() -> None:
+    err = problems(
+        "[scheduler]\nduplicate_window = '2m'\n"
+        + GOOD_JOBS
+        + "max_lateness = '5m'\n"
+        + "[[jobs]]\nname='b'\nschedule='@hourly'\nmax_lateness = '10m'\n"
+    )
+    (problem,) = err.problems
+    assert problem.where == "scheduler.duplicate_window"
+    assert "jobs[1] (b)" in problem.message
+
+
+def test_jobs_are_checked_against_the_configured_prefix_and_payload_limit() -> None:
+    err = problems(
+        "[scheduler]\nsubject_prefix = 'acme.cron'\nmax_payload = 16\n"
+        + GOOD_JOBS
+        + "subject = 'hrwcron.trigger.a'\npayload = 'a string longer than sixteen bytes'\n"
+    )
+    assert wheres(err) == {"jobs[0].subject", "jobs[0].payload"}
+    cfg = parse("[scheduler]\nsubject_prefix = 'acme.cron'\n" + GOOD_JOBS)
+    assert cfg.jobs[0].trigger_subject(cfg.scheduler.subject_prefix) == "acme.cron.a"
+
+
+def test_scheduler_names_are_checked() -> None:
+    err = problems(
+        "[scheduler]\nclaims_bucket = 'hrwcron_members'\nruns_bucket = 'runs.v1'\n"
+        "stream = 'TRIGGERS.V1'\nsubject_prefix = 'hrwcron.*'\n"
+    )
+    assert wheres(err) == {
+        "scheduler.claims_bucket",
+        "scheduler.runs_bucket",
+        "scheduler.stream",
+        "scheduler.subject_prefix",
+    }
+
+
+def test_auth_methods_and_files(tmp_path: Path) -> None:
+    (tmp_path / "app.creds").write_text("creds")
+    (tmp_path / "cert.pem").write_text("cert")
+    (tmp_path / "key.pem").write_text("key")
+    good = tmp_path / "good.toml"
+    good.write_text(
+        '[nats]\nservers = ["tls://nats.example:4222"]\ncreds = "app.creds"\n'
+        'tls_cert = "cert.pem"\ntls_key = "key.pem"\ntls_handshake_first = true\n'
+    )
+    # Relative paths are resolved against the file's directory, not the working directory.
+    cfg = load_config(str(good), {})
+    assert cfg.nats.creds == str(tmp_path / "app.creds")
+    assert cfg.nats.tls_key == str(tmp_path / "key.pem")
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[nats]\nservers = ["nats://x:4222"]\ncreds = "app.creds"\ntoken = "t0k"\n'
+        'nkey_seed = "missing.nk"\ntls_key = "key.pem"\ntls_handshake_first = true\n'
+        'user = "bob"\n'
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(str(bad), {})
+    by_where = {p.where: p.message for p in info.value.problems}
+    assert set(by_where) == {
+        "nats.token",
+        "nats.creds",
+        "nats.nkey_seed",
+        "nats.user",
+        "nats.tls_key",
+        "nats.tls_handshake_first",
+    }
+    assert "conflicts with nats.user" in by_where["nats.token"]
+    assert info.value.source == str(bad)
+
+
+def test_credentials_in_url_and_in_settings_conflict() -> None:
+    err = problems('[nats]\nservers = ["nats://bob:pw@x:4222"]\ntoken = "t"\n')
+    assert wheres(err) == {"nats.servers[0]"}
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError) as info:
+        load_config(str(tmp_path / "nope.toml"), {})
+    assert str(tmp_path / "nope.toml") in str(info.value)
+
+
+def test_env_overlay() -> None:
+    cfg = parse(
+        "[scheduler]\nweight = 3.0\n[telemetry]\nlog_level = 'debug'\n",
+        {
+            "HRWCRON_NATS_URL": "nats://a:4222,nats://b:4222",
+            "HRWCRON_NODE_ID": "replica-7",
+            "HRWCRON_HTTP_LISTEN": "",
+            "HRWCRON_LOG_LEVEL": "warning",
+            "HRWCRON_LOG_FORMAT": "json",
+            "HRWCRON_SCHEDULER_WEIGHT": "2.5",
+            "HRWCRON_SCHEDULER_MEMBER_TTL": "5s",
+            "HRWCRON_SCHEDULER_HEARTBEAT_INTERVAL": "1.5",
+            "HRWCRON_SCHEDULER_APPLY_JOBS": "false",
+            "HRWCRON_SCHEDULER_REPLICAS": "3",
+            "HRWCRON_SCHEDULER_TAGS": "gpu, eu",
+            "HRWCRON_TELEMETRY_TRACES": "1",
+            "HRWCRON_NATS_USER": "bob",
+            "HRWCRON_NATS_PASSWORD": "pw",
+            "HRWCRON_CONFIG": "/etc/hrwcron.toml",  # names the file; not a setting
+            "PATH": "/usr/bin",
+        },
+    )
+    assert cfg.nats.servers == ["nats://a:4222", "nats://b:4222"]
+    assert cfg.scheduler.node_id == "replica-7"
+    assert cfg.http.listen == ""
+    assert (cfg.telemetry.log_level, cfg.telemetry.log_format) == ("warning", "json")
+    assert cfg.telemetry.traces is True
+    assert cfg.scheduler.weight == 2.5  # the environment wins over the file
+    assert (cfg.scheduler.member_ttl, cfg.scheduler.heartbeat_interval) == (5.0, 1.5)
+    assert cfg.scheduler.apply_jobs is False
+    assert cfg.scheduler.replicas == 3
+    assert cfg.scheduler.tags == ["gpu", "eu"]
+    assert (cfg.nats.user, cfg.nats.password) == ("bob", "pw")
+
+
+def test_env_errors_name_the_variable() -> None:
+    err = problems(
+        "",
+        {
+            "HRWCRON_SCHEDULER_WEIGHT": "heavy",
+            "HRWCRON_SCHEDULER_REPLICAS": "2.5",
+            "HRWCRON_SCHEDULER_PER_JOB_METRICS": "maybe",
+            "HRWCRON_LOG_LEVEL": "loud",
+            "HRWCRON_SCHEDULER_MEMBERTTL": "3",
+            "HRWCRON_FOO": "1",
+        },
+    )
+    assert wheres(err) == {
+        "HRWCRON_SCHEDULER_WEIGHT",
+        "HRWCRON_SCHEDULER_REPLICAS",
+        "HRWCRON_SCHEDULER_PER_JOB_METRICS",
+        "HRWCRON_LOG_LEVEL",
+        "HRWCRON_SCHEDULER_MEMBERTTL",
+        "HRWCRON_FOO",
+    }
+    by_where = {p.where: p.message for p in err.problems}
+    assert "scheduler.weight" in by_where["HRWCRON_SCHEDULER_WEIGHT"]
+    assert "HRWCRON_SCHEDULER_MEMBER_TTL" in by_where["HRWCRON_SCHEDULER_MEMBERTTL"]
+    assert "unknown variable" in by_where["HRWCRON_FOO"]
+    assert all(line.startswith("environment: HRWCRON_") for line in err.lines())
+
+
+def test_env_values_are_validated_like_file_values() -> None:
+    err = problems("", {"HRWCRON_SCHEDULER_MEMBER_TTL": "0.5"})
+    (problem,) = err.problems
+    assert problem.where == "scheduler.member_ttl"
+    assert "HRWCRON_SCHEDULER_MEMBER_TTL" in problem.message
+
+
+def test_env_alias_conflict() -> None:
+    env = {"HRWCRON_NODE_ID": "a", "HRWCRON_SCHEDULER_NODE_ID": "b"}
+    assert len(problems("", env).problems) == 1
+    same = {"HRWCRON_NODE_ID": "a", "HRWCRON_SCHEDULER_NODE_ID": "a"}
+    assert parse("", same).scheduler.node_id == "a"
+
+
+SECRETS = ("hunter2", "s3cret", "t0ken-value", "urltoken")
+
+
+def test_secrets_never_appear_in_repr() -> None:
+    cfg = parse('[nats]\nservers = ["nats://bob:s3cret@a:4222", "tls://urltoken@b:4222"]\n')
+    cfg2 = parse('[nats]\nuser = "alice"\npassword = "hunter2"\n')
+    cfg3 = parse('[nats]\ntoken = "t0ken-value"\n')
+    texts = [repr(cfg), str(cfg), repr(cfg.nats), str(cfg2), str(cfg3), repr(cfg3.redacted())]
+    for text in texts:
+        for secret in SECRETS:
+            assert secret not in text
+    assert "'nats://bob:***@a:4222', 'tls://***@b:4222'" in repr(cfg)
+    assert cfg2.redacted()["nats"]["password"] == "***"
+    assert cfg2.redacted()["nats"]["user"] == "alice"
+    # The real values stay available to the code that connects.
+    assert cfg2.nats.password == "hunter2"
+    assert cfg.nats.servers[0] == "nats://bob:s3cret@a:4222"
+
+
+def test_secrets_never_appear_in_errors() -> None:
+    in_file = problems(
+        '[nats]\nservers = ["http://bob:s3cret@a:4222", "nats//urltoken@b"]\n'
+        "password = 12345678\ntoken = 'hunter2'\ncreds = 'x.creds'\n"
+    )
+    in_env = problems("", {"HRWCRON_NATS_URL": "http://eve:t0ken-value@c,nats://a"})
+    texts = [str(in_file), *in_file.lines(), str(in_env), *in_env.lines()]
+    for text in texts:
+        for secret in (*SECRETS, "12345678"):
+            assert secret not in text
+    assert "'http://bob:***@a:4222'" in str(in_file)
+    assert "'***@b'" in str(in_file)
+    assert "'http://eve:***@c'" in str(in_env)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+        ("nats://bob:pw@host:4222", "nats://bob:***@host:4222"),
+        ("tls://token@host", "tls://***@host"),
+        ("wss://bob:p@ss/word@host/path", "wss://bob:***@host/path"),
+        ("bob:pw@host:4222", "bob:***@host:4222"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_warnings_for_fragile_timings() -> None:
+    cfg = parse("[scheduler]\nheartbeat_interval = 1\nmember_ttl = 1.5\nmembership_refresh = 2\n")
+    assert {p.where for p in config_warnings(cfg)} == {
+        "scheduler.member_ttl",
+        "scheduler.membership_refresh",
+    }
+
+
+def test_example_file_is_valid() -> None:
+    cfg = load_config(str(EXAMPLE), {})
+    assert len(cfg.jobs) >= 3
+    assert any(job.tz != "UTC" for job in cfg.jobs)
+    assert config_warnings(cfg) == []
