@@ -1,0 +1,113 @@
+"""Shared fixtures: real nats-server processes, chaos options, and failure diagnostics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import (
+    FaketimeUnavailable,
+    NatsCluster,
+    NatsServer,
+    faketime_env,
+    find_libfaketime,
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hrwcron chaos")
+    group.addoption(
+        "--chaos-seed",
+        type=int,
+        default=1,
+        help="seed for the chaos schedule; a failing run is replayed with the same seed",
+    )
+    group.addoption(
+        "--chaos-duration",
+        type=float,
+        default=1200.0,
+        help="seconds each long chaos test keeps injecting faults",
+    )
+
+
+@pytest.fixture
+def chaos_seed(request: pytest.FixtureRequest) -> int:
+    return int(request.config.getoption("--chaos-seed"))
+
+
+@pytest.fixture
+def chaos_duration(request: pytest.FixtureRequest) -> float:
+    return float(request.config.getoption("--chaos-duration"))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    # Fixture teardown reads this to decide whether the server logs are worth printing.
+    setattr(item, f"_hrwcron_rep_{report.when}", report)
+    return report
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    return any(
+        getattr(getattr(request.node, f"_hrwcron_rep_{when}", None), "failed", False)
+        for when in ("setup", "call")
+    )
+
+
+def _print_log_tail(label: str, text: str, lines: int = 60) -> None:
+    # Printed during teardown, so pytest shows it under "Captured stdout teardown".
+    print(f"----- {label} (last {lines} lines) -----")
+    print("\n".join(text.splitlines()[-lines:]))
+
+
+@pytest.fixture
+def tmp_store(tmp_path: Path) -> Path:
+    """A fresh, empty directory for a store (server JetStream dir, replica state...)."""
+    path = tmp_path / "store"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def nats_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NatsServer]:
+    """A single JetStream nats-server on loopback, stopped and removed after the test."""
+    server = NatsServer(name="single", base_dir=tmp_path / "nats").start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+        if _failed(request):
+            _print_log_tail(f"nats-server {server.name} log", server.log_text())
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+def nats_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NatsCluster]:
+    """A formed 3-node JetStream cluster (``n0``..``n2``), stopped and removed after the test."""
+    cluster = NatsCluster(3, base_dir=tmp_path / "cluster").start()
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
+        if _failed(request):
+            for name, text in cluster.log_texts().items():
+                _print_log_tail(f"nats-server {name} log", text)
+
+
+@pytest.fixture
+def faketime() -> Callable[[float], dict[str, str]]:
+    """``faketime_env``, or a skip when libfaketime is not installed."""
+    try:
+        find_libfaketime()
+    except FaketimeUnavailable as exc:
+        pytest.skip(str(exc))
+    return faketime_env
