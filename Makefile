@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SEED ?= 1
 DURATION ?= 1200
 
-.PHONY: run test lint fmt bench bench-full chaos clean venv
+.PHONY: run test lint fmt bench bench-full chaos clean venv system-deps
 
 venv: $(STAMP)
 
@@ -29,7 +29,20 @@ fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench
 	$(BIN)/ruff check --fix service tests bench
 
-test: lint
+# Debian packages some tests use (libfaketime for clock skew, chromium for the status page).
+# Best effort: without root or apt the tests that need them skip with a reason.
+system-deps:
+	-@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  missing=""; \
+	  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || missing="$$missing libfaketime"; \
+	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	  if [ -n "$$missing" ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null 2>&1 \
+	      || echo "note: could not install$$missing; tests that need them will skip"; \
+	  fi; \
+	fi
+
+test: lint system-deps
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
@@ -38,7 +51,7 @@ bench: $(STAMP)
 bench-full: $(STAMP)
 	$(BIN)/python -m bench --full
 
-chaos: $(STAMP)
+chaos: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) tests/chaos
 
 clean:
