@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 
+from .admin.service import AdminService
 from .config import Config
 from .config import default_node_id as host_node_id
 from .errors import HrwcronError
@@ -111,10 +112,15 @@ class Replica:
     stores: Stores
     scheduler: Scheduler
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    admin: AdminService | None = None
 
     async def stop(self) -> None:
-        """Shutdown order: stop claiming and finish in-flight publishes (bounded), leave the
-        membership so others take over at once, then drain the connection."""
+        """Shutdown order: stop answering admin requests (the others answer them), stop
+        claiming and finish in-flight publishes (bounded), leave the membership so others take
+        over at once, then drain the connection."""
+        if self.admin is not None:
+            with contextlib.suppress(Exception):
+                await self.admin.stop()
         await self.scheduler.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.stores.client.drain(), timeout=1.0)
@@ -142,11 +148,23 @@ async def start_replica(
             failpoints=Failpoints(env),
         )
         await scheduler.start()
+        admin = AdminService(
+            stores.client,
+            scheduler,
+            stores.jobs,
+            stores.triggers,
+            duplicate_window=config.scheduler.duplicate_window,
+        )
+        try:
+            await admin.start()
+        except BaseException:
+            await scheduler.stop()
+            raise
     except BaseException:
         await stores.client.close()
         raise
     log.info("replica %s started (instance %s)", scheduler.node, scheduler.instance)
-    return Replica(config, stores, scheduler)
+    return Replica(config, stores, scheduler, admin=admin)
 
 
 async def serve(config: Config, env: Mapping[str, str]) -> int:

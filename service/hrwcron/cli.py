@@ -22,6 +22,16 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeAlias
 
 from . import __version__
+from .cli_admin import (
+    add_apply,
+    add_backfill,
+    add_connection_options,
+    add_history,
+    add_jobs,
+    add_status,
+    add_trigger,
+    next_for_job,
+)
 from .cli_run import add_dev, add_run
 from .config import ConfigFileError, config_warnings, load_config, node_id_problem
 from .errors import InvalidInput, Problem
@@ -92,12 +102,17 @@ def _add_next(sub: Subparsers) -> None:
             "examples:\n"
             "  hrwcron next '30 2 * * *' --tz America/New_York --after 2026-03-07T12:00:00Z\n"
             "  hrwcron next '@every 90s' --count 5\n"
-            "  hrwcron next '0 0 9 * * MON-FRI' --tz Europe/Berlin  (6 fields: seconds first)"
+            "  hrwcron next '0 0 9 * * MON-FRI' --tz Europe/Berlin  (6 fields: seconds first)\n"
+            "  hrwcron next reports.daily --count 3  (a job's schedule, read from the cluster)"
         ),
         formatter_class=_FORMATTER,
     )
-    p.add_argument("expr", metavar="EXPR", help="cron expression, macro or '@every DURATION'")
-    p.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA time zone (default: UTC)")
+    p.add_argument(
+        "expr",
+        metavar="EXPR|JOB",
+        help="cron expression, macro, '@every DURATION', or the name of a job",
+    )
+    p.add_argument("--tz", metavar="ZONE", help="IANA time zone (default: UTC)")
     p.add_argument(
         "--after",
         type=_instant,
@@ -107,11 +122,19 @@ def _add_next(sub: Subparsers) -> None:
     p.add_argument(
         "--count", type=_count, default=1, metavar="N", help="how many instants (default: 1)"
     )
+    add_connection_options(p)
     p.set_defaults(handler=_cmd_next)
 
 
 def _cmd_next(args: argparse.Namespace) -> int:
-    schedule = Schedule.parse(args.expr, args.tz)
+    if job_name_problem(args.expr) is None:
+        # One token without '@' is never a schedule, so it names a job; the admin API has it.
+        return next_for_job(args, lambda expr, tz: _print_next(args, expr, tz))
+    return _print_next(args, args.expr, args.tz or "UTC")
+
+
+def _print_next(args: argparse.Namespace, expr: str, tz: str) -> int:
+    schedule = Schedule.parse(expr, tz)
     at: int = time.time_ns() // 1_000_000 if args.after is None else args.after
     due: list[str] = []
     for _ in range(args.count):
@@ -233,6 +256,12 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     _add_check_config,
     add_run,
     add_dev,
+    add_jobs,
+    add_trigger,
+    add_backfill,
+    add_status,
+    add_history,
+    add_apply,
 )
 
 

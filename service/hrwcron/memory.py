@@ -23,6 +23,7 @@ from .ports import (
     LastTrigger,
     MemberRecord,
     Published,
+    TriggerRecord,
 )
 
 T = TypeVar("T")
@@ -207,6 +208,29 @@ class MemoryTriggers:
                 yield await queue.get()
         finally:
             self._listeners.remove(queue)
+
+    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
+        mine = [_as_record(m) for m in self.messages if m.subject == subject]
+        return mine[-limit:] if limit > 0 else []
+
+    async def since(self, subject: str, since_ms: float, limit: int) -> list[TriggerRecord]:
+        found = [
+            _as_record(m, body=False)
+            for m in self.messages
+            if m.subject == subject and m.stored_ms >= since_ms
+        ]
+        return found[:limit]
+
+
+def _as_record(stored: StoredTrigger, body: bool = True) -> TriggerRecord:
+    return TriggerRecord(
+        stored.seq,
+        stored.subject,
+        stored.headers.get(HEADER_MSG_ID, ""),
+        stored.stored_ms,
+        dict(stored.headers),
+        stored.body if body else b"",
+    )
 
 
 def _as_last(stored: StoredTrigger) -> LastTrigger:

@@ -58,6 +58,18 @@ class LastTrigger:
 
 
 @dataclass(frozen=True, slots=True)
+class TriggerRecord:
+    """One stored trigger as the admin API reports it; ``body`` is empty for headers-only reads."""
+
+    seq: int
+    subject: str
+    msg_id: str
+    stored_ms: float
+    headers: Mapping[str, str]
+    body: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
 class JobEvent:
     """A job appeared or changed (``spec`` set), was deleted (``spec`` None), or could not be
     decoded (``error`` set). ``name`` is the store key."""
@@ -98,6 +110,14 @@ class TriggersPort(Protocol):
     ) -> Published: ...
     async def last(self, subject: str) -> LastTrigger | None: ...
     def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]: ...
+    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
+        """The newest ``limit`` triggers of ``subject``, oldest first."""
+        ...
+
+    async def since(self, subject: str, since_ms: float, limit: int) -> list[TriggerRecord]:
+        """Headers of the triggers of ``subject`` stored at or after ``since_ms`` (server time),
+        oldest first, at most ``limit`` of them."""
+        ...
 
 
 class JobsPort(Protocol):

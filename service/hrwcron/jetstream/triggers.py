@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 
-from ..ports import HEADER_MSG_ID, HEADER_WATERMARK, FenceConflict, LastTrigger, Published
+from ..ports import (
+    HEADER_MSG_ID,
+    HEADER_WATERMARK,
+    FenceConflict,
+    LastTrigger,
+    Published,
+    TriggerRecord,
+)
 from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE
 
 
@@ -79,3 +87,63 @@ class JetStreamTriggers:
                     yield None
         finally:
             await subscription.unsubscribe()
+
+    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
+        """Reads backwards in growing windows of stream sequences: the stream interleaves every
+        job, so how far back ``limit`` messages of one subject lie is only known by looking."""
+        if limit <= 0:
+            return []
+        try:
+            newest = await self._js.get_last_msg(self._stream, subject)
+        except NotFoundError:
+            return []
+        last_seq = int(newest.seq or 0)
+        info = await self._js.stream_info(self._stream)
+        first_seq = int(info.state.first_seq or 1)
+        window = max(64, 4 * limit)
+        while True:
+            start = max(first_seq, last_seq - window + 1)
+            config = ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
+            )
+            found = await self._read(subject, config, last_seq, limit=None)
+            if len(found) >= limit or start <= first_seq:
+                return found[-limit:]
+            window *= 8
+
+    async def since(self, subject: str, since_ms: float, limit: int) -> list[TriggerRecord]:
+        start = datetime.fromtimestamp(since_ms / 1000, tz=UTC)
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start, headers_only=True
+        )
+        return await self._read(subject, config, None, limit=limit)
+
+    async def _read(
+        self, subject: str, config: ConsumerConfig, until_seq: int | None, limit: int | None
+    ) -> list[TriggerRecord]:
+        """Messages of ``subject`` through an ordered consumer until the consumer has nothing
+        pending, ``until_seq`` is reached or ``limit`` messages were read."""
+        subscription = await self._js.subscribe(
+            subject, stream=self._stream, ordered_consumer=True, config=config
+        )
+        found: list[TriggerRecord] = []
+        try:
+            info = await subscription.consumer_info()
+            if (info.num_pending or 0) == 0 and subscription.delivered == 0:
+                return found
+            while limit is None or len(found) < limit:
+                msg = await subscription.next_msg(timeout=5)
+                meta = msg.metadata
+                seq = int(meta.sequence.stream)
+                headers = dict(msg.headers or {})
+                stored = meta.timestamp.timestamp() * 1000 if meta.timestamp else 0.0
+                found.append(
+                    TriggerRecord(
+                        seq, msg.subject, headers.get(HEADER_MSG_ID, ""), stored, headers, msg.data
+                    )
+                )
+                if (until_seq is not None and seq >= until_seq) or meta.num_pending == 0:
+                    break
+        finally:
+            await subscription.unsubscribe()
+        return found

@@ -1,0 +1,312 @@
+"""The admin API's wire format: subjects, request and reply structs, and structured errors.
+
+Shared by the service (every replica) and the client (the CLI), so both sides decode exactly
+the same shapes. Requests refuse unknown fields: a misspelt option must not be ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+
+from ..model import JobSpec
+
+ADMIN_PREFIX = "hrwcron.admin"
+SERVICE_NAME = "hrwcron"
+QUEUE_GROUP = "hrwcron-admin"
+
+MAX_LIST = 10_000
+MAX_HISTORY = 1_000
+MAX_BACKFILL = 1_000
+MAX_STATUS = 10_000
+
+# Every verb, in the order the service registers them; subjects are <prefix>.<verb>.
+VERBS = (
+    "jobs.list",
+    "jobs.get",
+    "jobs.put",
+    "jobs.delete",
+    "jobs.pause",
+    "jobs.resume",
+    "trigger",
+    "backfill",
+    "status",
+    "history",
+)
+
+# Error codes, each with the number micro services put in the Nats-Service-Error-Code header.
+ERROR_CODES = {
+    "bad_request": "400",
+    "not_found": "404",
+    "conflict": "409",
+    "too_large": "413",
+    "unavailable": "503",
+    "internal": "500",
+}
+# Codes a caller fixes by changing its request (the CLI exits 2); the rest are server trouble.
+CALLER_ERRORS = frozenset({"bad_request", "not_found", "conflict", "too_large"})
+
+_MANUAL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MANUAL_ID_RULE = "1-64 letters, digits, '_' or '-', not only digits"
+
+Limit = Annotated[int, msgspec.Meta(ge=1)]
+Revision = Annotated[int, msgspec.Meta(ge=0)]
+Instant = Annotated[datetime, msgspec.Meta(tz=True)]
+
+
+def subject(verb: str, prefix: str = ADMIN_PREFIX) -> str:
+    return f"{prefix}.{verb}"
+
+
+def manual_id_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a manual trigger id. All digits is refused because
+    ``<job>.manual.<digits>`` is also the claim key of a job named ``<job>.manual``."""
+    if not _MANUAL_ID.fullmatch(value) or value.isdigit():
+        return f"{value[:80]!r} is not a valid trigger id; {MANUAL_ID_RULE}"
+    return None
+
+
+class _Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+class ProblemBody(msgspec.Struct, kw_only=True):
+    field: str
+    message: str
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+    field: str = ""
+    problems: list[ProblemBody] = msgspec.field(default_factory=list)
+
+
+class ErrorReply(msgspec.Struct, kw_only=True):
+    error: ErrorBody
+
+
+# --- jobs ---------------------------------------------------------------------------------
+
+
+class ListJobs(_Request):
+    prefix: str = ""
+    after: str = ""  # page cursor: only names sorting after this one
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_LIST)] = 1_000
+
+
+class JobEntry(msgspec.Struct, kw_only=True):
+    name: str
+    revision: int
+    spec: JobSpec | None = None
+    error: str = ""  # set when the stored value is not a valid job
+
+
+class JobList(msgspec.Struct, kw_only=True):
+    jobs: list[JobEntry]
+    next: str = ""  # pass as ``after`` for the next page; empty on the last page
+
+
+class GetJob(_Request):
+    name: str
+
+
+class PutJob(_Request):
+    spec: JobSpec
+    # None: write whatever is stored; 0: only if the job does not exist; N: only if the stored
+    # revision is still N (compare-and-set).
+    revision: Revision | None = None
+
+
+class PutResult(msgspec.Struct, kw_only=True):
+    name: str
+    revision: int
+    created: bool
+
+
+class DeleteJob(_Request):
+    name: str
+    revision: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class DeleteResult(msgspec.Struct, kw_only=True):
+    name: str
+    deleted: bool = True
+
+
+class PauseJob(_Request):
+    """For ``jobs.pause`` and ``jobs.resume``."""
+
+    name: str
+    revision: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class PauseResult(msgspec.Struct, kw_only=True):
+    name: str
+    revision: int
+    paused: bool
+    changed: bool
+
+
+# --- firing -------------------------------------------------------------------------------
+
+
+class TriggerJob(_Request):
+    name: str
+    id: str = ""  # makes the request idempotent; generated when empty
+
+
+class TriggerResult(msgspec.Struct, kw_only=True):
+    name: str
+    tick: str
+    outcome: str  # "started" or "duplicate" (this id was fired before)
+    due: str
+    node: str
+
+
+class BackfillJob(_Request):
+    name: str
+    start: Instant = msgspec.field(name="from")
+    end: Instant = msgspec.field(name="to")
+    dry_run: bool = False
+
+
+class BackfillResult(msgspec.Struct, kw_only=True):
+    name: str
+    due: int  # due instants in the range
+    published: list[str]  # tick keys published now (or, with dry_run, that would be)
+    present: list[str]  # already in the stream or claimed: not published again
+    left_to_scheduler: list[str]  # inside the job's lateness window: the scheduler fires them
+    dry_run: bool = False
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+class StatusRequest(_Request):
+    name: str = ""  # one job only
+    prefix: str = ""
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATUS)] = 1_000
+
+
+class MemberStatus(msgspec.Struct, kw_only=True):
+    node: str
+    age_s: float  # since this replica last saw the member's heartbeat change
+    live: bool
+    ready: bool
+    reason: str
+    weight: float
+    tags: list[str]
+    digest: str
+    digest_matches: bool
+    version: str
+    jobs: int
+    started: str
+
+
+class LastTriggerStatus(msgspec.Struct, kw_only=True):
+    seq: int
+    tick: str
+
+
+class JobStatus(msgspec.Struct, kw_only=True):
+    name: str
+    schedule: str
+    tz: str
+    paused: bool
+    tags: list[str]
+    overlap: str
+    subject: str
+    revision: int
+    owner: str | None
+    order: list[str]  # owner first, then the failover candidates
+    next_due: str | None  # nominal due instant of the next tick (None when paused)
+    next_fire: str | None  # next_due plus the job's jitter
+    last: LastTriggerStatus | None
+
+
+class StatusReply(msgspec.Struct, kw_only=True):
+    node: str  # the replica that answered
+    ready: bool
+    reason: str
+    digest: str
+    members: list[MemberStatus]
+    jobs: list[JobStatus]
+    total_jobs: int
+    truncated: bool
+
+
+class HistoryRequest(_Request):
+    name: str
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_HISTORY)] = 20
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True):
+    seq: int
+    tick: str
+    kind: str
+    due: str
+    fired_at: str
+    stored: str
+    node: str
+    attempt: int
+    payload: Any = None
+
+
+class HistoryReply(msgspec.Struct, kw_only=True):
+    name: str
+    subject: str
+    triggers: list[HistoryEntry]  # newest first
+
+
+REQUEST_TYPES: dict[str, type[_Request]] = {
+    "jobs.list": ListJobs,
+    "jobs.get": GetJob,
+    "jobs.put": PutJob,
+    "jobs.delete": DeleteJob,
+    "jobs.pause": PauseJob,
+    "jobs.resume": PauseJob,
+    "trigger": TriggerJob,
+    "backfill": BackfillJob,
+    "status": StatusRequest,
+    "history": HistoryRequest,
+}
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+_AT = re.compile(r" - at `\$\.?([^`]*)`$")
+_NAMED = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
+
+
+class RequestProblem(Exception):
+    """A request body that does not decode into its struct."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+def decode_request(data: bytes, request_type: type[R]) -> R:
+    """``data`` as ``request_type``; an empty body is ``{}``. Raises RequestProblem naming the
+    offending field."""
+    try:
+        return msgspec.json.decode(data or b"{}", type=request_type)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        at = _AT.search(text)
+        where = at.group(1) if at else ""
+        message = text[: at.start()] if at else text
+        named = _NAMED.search(message)
+        if named:
+            # The struct's own field is more useful than the object that lacks or has it.
+            where = f"{where}.{named.group(1)}" if where else named.group(1)
+        raise RequestProblem(where, message) from None
+    except msgspec.DecodeError as exc:
+        raise RequestProblem("", f"request body is not JSON: {exc}") from None

@@ -1,0 +1,581 @@
+"""The admin API as a NATS micro service, served by every replica in one queue group.
+
+Every request is validated completely before anything is written: a refused request changes
+nothing. Writes to the jobs bucket go through the same port the replicas watch, so a change is
+live on every replica as soon as the watch delivers it. Firing by hand and backfilling go
+through the engine's claim and fenced publish, never around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import APIError, ServiceUnavailableError
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import Service
+
+from .. import __version__
+from ..errors import ConflictError, InvalidInput, NotFoundError, Problem
+from ..model import JobSpec, TriggerMessage, job_name_problem
+from ..ports import HEADER_KIND, JobEvent, JobsPort, StoreUnavailable, TriggerRecord, TriggersPort
+from ..scheduler import Scheduler
+from ..ticks import TickId, format_ms
+from .api import (
+    ADMIN_PREFIX,
+    ERROR_CODES,
+    MAX_BACKFILL,
+    QUEUE_GROUP,
+    REQUEST_TYPES,
+    SERVICE_NAME,
+    BackfillJob,
+    BackfillResult,
+    DeleteJob,
+    DeleteResult,
+    ErrorBody,
+    ErrorReply,
+    GetJob,
+    HistoryEntry,
+    HistoryReply,
+    HistoryRequest,
+    JobEntry,
+    JobList,
+    JobStatus,
+    LastTriggerStatus,
+    ListJobs,
+    MemberStatus,
+    PauseJob,
+    PauseResult,
+    ProblemBody,
+    PutJob,
+    PutResult,
+    RequestProblem,
+    StatusReply,
+    StatusRequest,
+    TriggerJob,
+    TriggerResult,
+    decode_request,
+    manual_id_problem,
+    subject,
+)
+
+log = logging.getLogger("hrwcron.admin")
+
+# How many stored triggers a backfill may scan for tick keys already published.
+SCAN_LIMIT = 200_000
+# Scheduled ticks are never published before their due instant by the server's clock; this
+# margin only covers the estimate of that clock.
+SCAN_MARGIN_MS = 60_000
+# How long a request waits for this replica's watch to deliver a job the bucket already holds.
+CATCH_UP_S = 3.0
+
+
+class ApiError(Exception):
+    """A refused request: the reply carries ``code``, ``message`` and ``field``."""
+
+    def __init__(
+        self, code: str, message: str, field: str = "", problems: list[Problem] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+        self.problems = problems or []
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(
+            code=self.code,
+            message=self.message,
+            field=self.field,
+            problems=[ProblemBody(field=p.where, message=p.message) for p in self.problems],
+        )
+
+
+def _bad(field: str, message: str) -> ApiError:
+    return ApiError("bad_request", f"{field}: {message}" if field else message, field)
+
+
+def _check_name(name: str, field: str = "name") -> None:
+    problem = job_name_problem(name)
+    if problem:
+        raise _bad(field, problem)
+
+
+Handler = Callable[[Any], Awaitable[msgspec.Struct]]
+
+
+class AdminService:
+    def __init__(
+        self,
+        client: Client,
+        scheduler: Scheduler,
+        jobs: JobsPort,
+        triggers: TriggersPort,
+        *,
+        duplicate_window: float,
+        prefix: str = ADMIN_PREFIX,
+    ) -> None:
+        self._client = client
+        self._scheduler = scheduler
+        self._jobs = jobs
+        self._triggers = triggers
+        self._duplicate_window = duplicate_window
+        self.prefix = prefix
+        self._service: Service | None = None
+        self._handlers: dict[str, Handler] = {
+            "jobs.list": self.list_jobs,
+            "jobs.get": self.get_job,
+            "jobs.put": self.put_job,
+            "jobs.delete": self.delete_job,
+            "jobs.pause": self.pause_job,
+            "jobs.resume": self.resume_job,
+            "trigger": self.trigger,
+            "backfill": self.backfill,
+            "status": self.status,
+            "history": self.history,
+        }
+
+    @property
+    def service(self) -> Service | None:
+        return self._service
+
+    async def start(self) -> None:
+        settings = self._scheduler.settings
+        service = await add_service(
+            self._client,
+            name=SERVICE_NAME,
+            version=__version__,
+            description="hrwcron admin API: jobs, manual triggers, backfill, status, history",
+            metadata={"node": settings.node_id, "prefix": self.prefix},
+            queue_group=QUEUE_GROUP,
+        )
+        try:
+            for verb, handler in self._handlers.items():
+                await service.add_endpoint(
+                    name=verb.replace(".", "-"),
+                    subject=subject(verb, self.prefix),
+                    handler=self._endpoint(verb, handler),
+                )
+        except BaseException:
+            await service.stop()
+            raise
+        self._service = service
+        log.info("admin API on %s.> (queue group %s)", self.prefix, QUEUE_GROUP)
+
+    async def stop(self) -> None:
+        if self._service is not None:
+            await self._service.stop()
+            self._service = None
+
+    # ------------------------------------------------------------------------- plumbing
+
+    def _endpoint(self, verb: str, handler: Handler) -> Callable[[Request], Awaitable[None]]:
+        request_type = REQUEST_TYPES[verb]
+
+        async def serve(request: Request) -> None:
+            try:
+                try:
+                    parsed = decode_request(request.data, request_type)
+                except RequestProblem as exc:
+                    raise _bad(exc.field, exc.message) from None
+                reply = msgspec.json.encode(await handler(parsed))
+                limit = self._client.max_payload
+                if len(reply) > limit:
+                    raise ApiError(
+                        "too_large",
+                        f"the reply would be {len(reply)} bytes, more than the server's "
+                        f"max_payload ({limit}); ask for less (limit, prefix)",
+                        "limit",
+                    )
+            except Exception as exc:
+                error = self._error(verb, exc)
+                await request.respond_error(
+                    ERROR_CODES[error.code],
+                    error.message.replace("\r", " ").replace("\n", " ")[:512],
+                    data=msgspec.json.encode(ErrorReply(error=error.body())),
+                )
+                return
+            await request.respond(reply)
+
+        return serve
+
+    @staticmethod
+    def _error(verb: str, exc: Exception) -> ApiError:
+        if isinstance(exc, ApiError):
+            return exc
+        if isinstance(exc, ConflictError):
+            return ApiError("conflict", str(exc), "revision")
+        if isinstance(exc, NotFoundError):
+            return ApiError("not_found", str(exc), "name")
+        if isinstance(exc, InvalidInput):
+            return ApiError("bad_request", str(exc), exc.field, exc.problems)
+        unavailable = (
+            StoreUnavailable,
+            TimeoutError,
+            NatsTimeoutError,
+            NoRespondersError,
+            ConnectionClosedError,
+            ServiceUnavailableError,
+            APIError,
+        )
+        if isinstance(exc, unavailable):
+            return ApiError("unavailable", f"NATS did not serve the request: {exc!r}; retry")
+        log.exception("admin %s failed", verb)
+        return ApiError("internal", f"{type(exc).__name__}: {exc}")
+
+    async def _stored(self, name: str) -> JobEvent:
+        event = await self._jobs.get(name)
+        if event is None:
+            raise ApiError("not_found", f"no job named {name!r}", "name")
+        return event
+
+    async def _loaded(self, name: str) -> Any:
+        """This replica's running copy of ``name``, waiting briefly for the jobs watch when the
+        bucket already holds a newer revision (the job was just written through another
+        replica)."""
+        stored = await self._stored(name)
+        if stored.spec is None:
+            raise ApiError(
+                "conflict", f"job {name!r} is stored but invalid ({stored.error}): put a new spec"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_S
+        while True:
+            job = self._scheduler.jobs.get(name)
+            if job is not None and job.revision >= stored.revision:
+                return job
+            if loop.time() > deadline:
+                raise ApiError(
+                    "unavailable",
+                    f"this replica has not loaded revision {stored.revision} of {name!r} yet; "
+                    "retry",
+                )
+            await asyncio.sleep(0.05)
+
+    # ----------------------------------------------------------------------------- jobs
+
+    async def list_jobs(self, request: ListJobs) -> JobList:
+        current = await self._jobs.snapshot()
+        names = sorted(n for n in current if n.startswith(request.prefix) and (n > request.after))
+        page = names[: request.limit]
+        entries = [_entry(current[n]) for n in page]
+        more = len(names) > len(page)
+        return JobList(jobs=entries, next=page[-1] if more and page else "")
+
+    async def get_job(self, request: GetJob) -> JobEntry:
+        _check_name(request.name)
+        return _entry(await self._stored(request.name))
+
+    def _spec_problems(self, spec: JobSpec) -> list[Problem]:
+        settings = self._scheduler.settings
+        found = [
+            Problem(f"spec.{p.where}" if p.where else "spec", p.message)
+            for p in spec.problems(prefix=settings.subject_prefix, max_payload=settings.max_payload)
+        ]
+        if spec.max_lateness > self._duplicate_window:
+            found.append(
+                Problem(
+                    "spec.max_lateness",
+                    f"is {spec.max_lateness:g} s, longer than the trigger stream's duplicate "
+                    f"window ({self._duplicate_window:g} s)",
+                )
+            )
+        return found
+
+    async def put_job(self, request: PutJob) -> PutResult:
+        spec = request.spec
+        problems = self._spec_problems(spec)
+        if problems:
+            first = problems[0]
+            raise ApiError(
+                "bad_request",
+                "; ".join(str(p) for p in problems),
+                first.where,
+                problems,
+            )
+        wanted = spec.trigger_subject(self._scheduler.settings.subject_prefix)
+        for other, job in self._scheduler.jobs.items():
+            if other != spec.name and job.subject == wanted:
+                raise ApiError(
+                    "conflict",
+                    f"spec.subject: {wanted!r} is already the trigger subject of job {other!r}; "
+                    "each job needs its own (fencing is per subject)",
+                    "spec.subject",
+                )
+        existing = await self._jobs.get(spec.name)
+        if request.revision == 0 and existing is not None:
+            raise ApiError(
+                "conflict",
+                f"job {spec.name!r} already exists (revision {existing.revision}); pass that "
+                "revision to replace it",
+                "revision",
+            )
+        revision = await self._jobs.put(spec, request.revision)
+        log.info("job %s written (revision %d)", spec.name, revision)
+        return PutResult(name=spec.name, revision=revision, created=existing is None)
+
+    async def delete_job(self, request: DeleteJob) -> DeleteResult:
+        _check_name(request.name)
+        stored = await self._stored(request.name)
+        if request.revision is not None and request.revision != stored.revision:
+            raise _stale(request.name, request.revision, stored.revision)
+        await self._jobs.delete(request.name, stored.revision)
+        log.info("job %s deleted", request.name)
+        return DeleteResult(name=request.name)
+
+    async def pause_job(self, request: PauseJob) -> PauseResult:
+        return await self._set_paused(request, True)
+
+    async def resume_job(self, request: PauseJob) -> PauseResult:
+        return await self._set_paused(request, False)
+
+    async def _set_paused(self, request: PauseJob, paused: bool) -> PauseResult:
+        _check_name(request.name)
+        stored = await self._stored(request.name)
+        if request.revision is not None and request.revision != stored.revision:
+            raise _stale(request.name, request.revision, stored.revision)
+        if stored.spec is None:
+            raise ApiError(
+                "conflict",
+                f"job {request.name!r} is stored but invalid ({stored.error}): put a new spec",
+            )
+        if stored.spec.paused == paused:
+            return PauseResult(
+                name=request.name, revision=stored.revision, paused=paused, changed=False
+            )
+        changed = msgspec.structs.replace(stored.spec, paused=paused)
+        revision = await self._jobs.put(changed, stored.revision)
+        log.info(
+            "job %s %s (revision %d)", request.name, "paused" if paused else "resumed", revision
+        )
+        return PauseResult(name=request.name, revision=revision, paused=paused, changed=True)
+
+    # --------------------------------------------------------------------------- firing
+
+    async def trigger(self, request: TriggerJob) -> TriggerResult:
+        _check_name(request.name)
+        manual_id = request.id or f"{int(self._scheduler.clock.now_ms())}-{uuid.uuid4().hex[:8]}"
+        problem = manual_id_problem(manual_id)
+        if problem:
+            raise _bad("id", problem)
+        await self._loaded(request.name)
+        due = int(self._scheduler.clock.now_ms())
+        tick = f"{request.name}:manual:{manual_id}"
+        outcome = await self._scheduler.publish_unscheduled(request.name, tick, due, "manual")
+        if outcome not in ("started", "duplicate"):
+            raise ApiError("unavailable", f"trigger {tick} was not published ({outcome}); retry")
+        log.info("manual trigger %s: %s", tick, outcome)
+        return TriggerResult(
+            name=request.name,
+            tick=tick,
+            outcome=outcome,
+            due=format_ms(due),
+            node=self._scheduler.node,
+        )
+
+    async def backfill(self, request: BackfillJob) -> BackfillResult:
+        _check_name(request.name)
+        start = _ms(request.start)
+        end = _ms(request.end)
+        now = self._scheduler.clock.now_ms()
+        if end < start:
+            raise _bad("to", f"{format_ms(end)} is before from ({format_ms(start)})")
+        if end > now:
+            raise _bad(
+                "to",
+                f"{format_ms(end)} is in the future (server time {format_ms(int(now))}); "
+                "backfill covers past due instants only",
+            )
+        job = await self._loaded(request.name)
+        due: list[int] = []
+        for instant in job.schedule.iter_after(start - 1):
+            if instant > end:
+                break
+            due.append(instant)
+            if len(due) > MAX_BACKFILL:
+                raise ApiError(
+                    "too_large",
+                    f"from/to: the range holds more than {MAX_BACKFILL} due instants of "
+                    f"{request.name!r} ({job.spec.schedule}); split it into smaller ranges",
+                    "from",
+                )
+        recent = now - job.spec.max_lateness_ms
+        older = [t for t in due if t <= recent]
+        result = BackfillResult(
+            name=request.name,
+            due=len(due),
+            published=[],
+            present=[],
+            left_to_scheduler=[TickId(request.name, t).key for t in due if t > recent],
+            dry_run=request.dry_run,
+        )
+        if not older:
+            return result
+        stored = await self._triggers.since(job.subject, older[0] - SCAN_MARGIN_MS, SCAN_LIMIT)
+        if len(stored) >= SCAN_LIMIT:
+            raise ApiError(
+                "too_large",
+                f"more than {SCAN_LIMIT} triggers of {request.name!r} were stored since "
+                f"{format_ms(older[0])}; split the range",
+                "from",
+            )
+        seen = {record.msg_id for record in stored}
+        for instant in older:
+            key = TickId(request.name, instant).key
+            if key in seen:
+                result.present.append(key)
+            elif request.dry_run:
+                result.published.append(key)
+            else:
+                outcome = await self._scheduler.publish_unscheduled(
+                    request.name, key, instant, "backfill"
+                )
+                if outcome == "started":
+                    result.published.append(key)
+                elif outcome == "duplicate":
+                    result.present.append(key)
+                else:
+                    raise ApiError(
+                        "unavailable",
+                        f"backfill stopped at {key} ({outcome}) after publishing "
+                        f"{len(result.published)}; run it again: published ticks are skipped",
+                    )
+        if result.published and not request.dry_run:
+            log.info("backfill of %s published %d ticks", request.name, len(result.published))
+        return result
+
+    # -------------------------------------------------------------------------- reading
+
+    async def status(self, request: StatusRequest) -> StatusReply:
+        scheduler = self._scheduler
+        if request.name:
+            _check_name(request.name)
+            if request.name not in scheduler.jobs:
+                await self._loaded(request.name)
+        ttl = scheduler.settings.member_ttl
+        members = [
+            MemberStatus(
+                node=node,
+                age_s=round(age, 3),
+                live=age < ttl and heartbeat.ready,
+                ready=heartbeat.ready,
+                reason=heartbeat.reason,
+                weight=heartbeat.weight,
+                tags=list(heartbeat.tags),
+                digest=heartbeat.digest,
+                digest_matches=heartbeat.digest == scheduler.digest,
+                version=heartbeat.version,
+                jobs=heartbeat.jobs,
+                started=format_ms(heartbeat.started_ms),
+            )
+            for node, (heartbeat, age) in sorted(scheduler.view.heartbeats().items())
+        ]
+        if request.name:
+            names = [request.name]
+        else:
+            names = sorted(n for n in scheduler.jobs if n.startswith(request.prefix))
+        page = names[: request.limit]
+        jobs: list[JobStatus] = []
+        for name in page:
+            job = scheduler.jobs[name]
+            spec = job.spec
+            order = scheduler.ranking_of(name)
+            last = scheduler.last.get(job.subject)
+            due: int | None = None if spec.paused else job.due
+            jobs.append(
+                JobStatus(
+                    name=name,
+                    schedule=spec.schedule,
+                    tz=spec.tz,
+                    paused=spec.paused,
+                    tags=list(spec.tags),
+                    overlap=spec.overlap,
+                    subject=job.subject,
+                    revision=job.revision,
+                    owner=order[0] if order else None,
+                    order=order,
+                    next_due=None if due is None else format_ms(due),
+                    next_fire=None if due is None else format_ms(due + job.jitter_ms),
+                    last=LastTriggerStatus(seq=last.seq, tick=last.msg_id) if last else None,
+                )
+            )
+        return StatusReply(
+            node=scheduler.node,
+            ready=scheduler.ready,
+            reason=scheduler.not_ready_reason,
+            digest=scheduler.digest,
+            members=members,
+            jobs=jobs,
+            total_jobs=len(names),
+            truncated=len(names) > len(page),
+        )
+
+    async def history(self, request: HistoryRequest) -> HistoryReply:
+        _check_name(request.name)
+        job = self._scheduler.jobs.get(request.name)
+        if job is not None:
+            trigger_subject = job.subject
+        else:
+            stored = await self._stored(request.name)
+            if stored.spec is None:
+                raise ApiError("conflict", f"job {request.name!r} is stored but invalid")
+            trigger_subject = stored.spec.trigger_subject(self._scheduler.settings.subject_prefix)
+        records = await self._triggers.history(trigger_subject, request.limit)
+        return HistoryReply(
+            name=request.name,
+            subject=trigger_subject,
+            triggers=[_history_entry(r) for r in reversed(records)],
+        )
+
+
+def _stale(name: str, asked: int, stored: int) -> ApiError:
+    return ApiError(
+        "conflict",
+        f"job {name!r} changed since revision {asked} (it is at revision {stored} now): "
+        "read it again and retry",
+        "revision",
+    )
+
+
+def _ms(instant: Any) -> int:
+    return int(instant.timestamp() * 1000)
+
+
+def _entry(event: JobEvent) -> JobEntry:
+    return JobEntry(name=event.name, revision=event.revision, spec=event.spec, error=event.error)
+
+
+def _history_entry(record: TriggerRecord) -> HistoryEntry:
+    stored = format_ms(int(record.stored_ms))
+    try:
+        body = msgspec.json.decode(record.body, type=TriggerMessage)
+    except msgspec.MsgspecError:
+        return HistoryEntry(
+            seq=record.seq,
+            tick=record.msg_id,
+            kind=record.headers.get(HEADER_KIND, "?"),
+            due="",
+            fired_at="",
+            stored=stored,
+            node="",
+            attempt=0,
+        )
+    return HistoryEntry(
+        seq=record.seq,
+        tick=record.msg_id or body.tick,
+        kind=body.kind,
+        due=body.due,
+        fired_at=body.fired_at,
+        stored=stored,
+        node=body.node,
+        attempt=body.attempt,
+        payload=body.payload,
+    )

@@ -1,0 +1,730 @@
+"""Operator commands over the admin API: ``jobs``, ``trigger``, ``backfill``, ``status``,
+``history`` and ``apply``.
+
+Every command talks to whichever replica answers ``hrwcron.admin.<verb>``, so it needs nothing
+but a NATS connection (``--config FILE``, ``--nats-url URL`` or ``HRWCRON_NATS_URL``) and the
+permission to publish on those subjects. Output is a table for people; ``--json`` prints the
+API's reply for scripts. Exit codes: 0 done, 2 the request was refused (bad input, unknown
+job, stale revision), 1 the cluster could not serve it (no replica, timeout, server error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .config import ENV_CONFIG_PATH, Config, load_config, redact_url
+from .errors import HrwcronError, InvalidInput, NatsSetupError, Problem
+from .model import JobSpec, job_name_problem
+
+if TYPE_CHECKING:
+    from .admin.client import AdminClient
+    from .cli import Subparsers
+
+EXIT_OK = 0
+EXIT_SERVER = 1
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+# --- shared plumbing ----------------------------------------------------------------------
+
+
+def add_connection_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("connection")
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        default=os.environ.get(ENV_CONFIG_PATH),
+        help=f"TOML configuration file for the NATS connection (default: ${ENV_CONFIG_PATH})",
+    )
+    group.add_argument(
+        "--nats-url",
+        metavar="URL",
+        help="NATS server URL(s), comma-separated (default: HRWCRON_NATS_URL, the config file, "
+        "or nats://127.0.0.1:4222)",
+    )
+    group.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long to wait for a replica's answer (default: 5)",
+    )
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the API reply as JSON")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("must be a number of seconds from 0 to 3600")
+    return value
+
+
+def _revision(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be a whole number >= 0 (0: create only)")
+    return value
+
+
+def _job_name(text: str) -> str:
+    problem = job_name_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _iso(text: str) -> str:
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO-8601 instant such as 2026-03-07T12:00:00Z"
+        ) from None
+    if dt.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no UTC offset; add 'Z' or an offset such as '+01:00'"
+        )
+    return dt.isoformat()
+
+
+def connection_config(args: argparse.Namespace, fallback: str | None = None) -> Config:
+    """The configuration whose ``nats`` section says how to connect: ``--config`` (or
+    ``fallback``), environment variables, then ``--nats-url`` over everything."""
+    env = dict(os.environ)
+    if getattr(args, "nats_url", None):
+        env["HRWCRON_NATS_URL"] = args.nats_url
+        env.pop("HRWCRON_NATS_SERVERS", None)
+    return load_config(args.config or fallback, env)
+
+
+def run_admin(
+    args: argparse.Namespace,
+    work: Callable[[AdminClient], Awaitable[int]],
+    *,
+    config: Config | None = None,
+) -> int:
+    """Connect, run ``work`` with an admin client, and turn errors into exit codes: a refused
+    request raises InvalidInput (exit 2 in ``cli.main``), anything else prints and exits 1."""
+    from .admin.api import CALLER_ERRORS
+    from .admin.client import AdminClient, AdminError
+    from .jetstream.connect import connect
+
+    config = config or connection_config(args)
+
+    async def main() -> int:
+        # The shared connect retries forever (right for a replica); a command gives up.
+        try:
+            client = await asyncio.wait_for(
+                connect(config.nats, name_suffix="-cli"), timeout=args.timeout
+            )
+        except TimeoutError:
+            servers = ", ".join(redact_url(s) for s in config.nats.servers)
+            raise NatsSetupError(
+                f"cannot connect to NATS at {servers} within {args.timeout:g} s"
+            ) from None
+        try:
+            return await work(AdminClient(client, timeout=args.timeout))
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(main())
+    except AdminError as exc:
+        if exc.code in CALLER_ERRORS:
+            problems = [Problem(f, m) for f, m in exc.problems] or [Problem("", exc.message)]
+            raise InvalidInput(problems) from None
+        _fail(args, exc.message)
+    except InvalidInput:
+        raise
+    except HrwcronError as exc:
+        _fail(args, str(exc))
+    return EXIT_SERVER
+
+
+def _fail(args: argparse.Namespace, message: str) -> None:
+    print(f"hrwcron {args.command}: error: {message}", file=sys.stderr)
+
+
+def _print_json(reply: Any) -> None:
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(reply), indent=2).decode() + "\n")
+    sys.stdout.flush()
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return lines
+
+
+def _emit(lines: Sequence[str]) -> None:
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    sys.stdout.flush()
+
+
+def _short(instant: str | None) -> str:
+    return "-" if not instant else instant.replace(".000Z", "Z")
+
+
+# --- jobs ---------------------------------------------------------------------------------
+
+
+def add_jobs(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "jobs",
+        help="list, show, write, delete, pause and resume jobs (admin API)",
+        description="Manage the jobs every replica runs. Changes are live within a second.",
+        epilog=(
+            "examples:\n"
+            "  hrwcron jobs ls\n"
+            "  hrwcron jobs get reports.daily --json\n"
+            "  hrwcron jobs put reports.daily --schedule '30 2 * * *' --tz America/New_York\n"
+            "  hrwcron jobs put -f job.json --revision 7   (refused if someone changed it)\n"
+            "  hrwcron jobs pause reports.daily\n"
+            "  hrwcron jobs rm reports.daily"
+        ),
+        formatter_class=_FORMATTER,
+    )
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    ls = verbs.add_parser("ls", help="list jobs")
+    ls.add_argument("--prefix", default="", help="only jobs whose name starts with this")
+    ls.set_defaults(handler=_cmd_jobs_ls)
+
+    get = verbs.add_parser("get", help="show one job and its revision")
+    get.add_argument("name", metavar="JOB", type=_job_name)
+    get.set_defaults(handler=_cmd_jobs_get)
+
+    put = verbs.add_parser(
+        "put",
+        help="create or replace a job",
+        description=(
+            "Create or replace a job from flags or from a JSON file (-f FILE, '-' for stdin) "
+            "holding one job spec. With --revision N the write only happens if the job is "
+            "still at revision N (0: only if it does not exist)."
+        ),
+    )
+    put.add_argument("name", metavar="JOB", nargs="?", type=_job_name)
+    put.add_argument("-f", "--file", metavar="FILE", help="JSON job spec ('-' for stdin)")
+    put.add_argument("--schedule", metavar="EXPR", help="cron expression or '@every 5m'")
+    put.add_argument("--tz", metavar="ZONE", help="IANA time zone (default UTC)")
+    put.add_argument("--payload", metavar="JSON", help="static payload, any JSON value")
+    put.add_argument("--max-lateness", type=float, metavar="SECONDS")
+    put.add_argument("--jitter", type=float, metavar="SECONDS")
+    put.add_argument("--catchup", choices=("all", "latest"))
+    put.add_argument("--overlap", choices=("allow", "skip"))
+    put.add_argument("--tags", metavar="A,B", help="members must carry all of these tags")
+    put.add_argument("--subject", metavar="SUBJECT", help="trigger subject (default per job)")
+    put.add_argument("--description", metavar="TEXT")
+    put.add_argument("--paused", action="store_true", help="write the job paused")
+    put.add_argument("--revision", type=_revision, metavar="N", help="compare-and-set")
+    put.set_defaults(handler=_cmd_jobs_put)
+
+    rm = verbs.add_parser("rm", help="delete a job")
+    rm.add_argument("name", metavar="JOB", type=_job_name)
+    rm.add_argument("--revision", type=_revision, metavar="N", help="compare-and-set")
+    rm.set_defaults(handler=_cmd_jobs_rm)
+
+    for verb, paused in (("pause", True), ("resume", False)):
+        q = verbs.add_parser(verb, help=f"{verb} a job")
+        q.add_argument("name", metavar="JOB", type=_job_name)
+        q.set_defaults(handler=_cmd_jobs_pause, paused=paused)
+
+    for parser in verbs.choices.values():
+        _add_json(parser)
+        add_connection_options(parser)
+
+
+def _cmd_jobs_ls(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        entries = await admin.all_jobs(args.prefix)
+        if args.json:
+            _print_json(entries)
+            return EXIT_OK
+        rows = [
+            [
+                e.name,
+                e.spec.schedule if e.spec else "-",
+                e.spec.tz if e.spec else "-",
+                ("paused" if e.spec.paused else "active") if e.spec else "INVALID",
+                ",".join(e.spec.tags) if e.spec and e.spec.tags else "-",
+                str(e.revision),
+            ]
+            for e in entries
+        ]
+        lines = _table(["JOB", "SCHEDULE", "TZ", "STATE", "TAGS", "REV"], rows)
+        _emit([*lines, f"{len(entries)} job{'' if len(entries) == 1 else 's'}"])
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+def _cmd_jobs_get(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        entry = await admin.get_job(args.name)
+        if args.json:
+            _print_json(entry)
+            return EXIT_OK
+        lines = [f"revision: {entry.revision}"]
+        if entry.spec is None:
+            lines.append(f"INVALID: {entry.error}")
+        else:
+            for key, value in msgspec.structs.asdict(entry.spec).items():
+                lines.append(f"{key}: {msgspec.json.encode(value).decode()}")
+        _emit(lines)
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+    flags = {
+        "schedule": args.schedule,
+        "tz": args.tz,
+        "max_lateness": args.max_lateness,
+        "jitter": args.jitter,
+        "catchup": args.catchup,
+        "overlap": args.overlap,
+        "subject": args.subject,
+        "description": args.description,
+    }
+    given = {k: v for k, v in flags.items() if v is not None}
+    if args.payload is not None:
+        try:
+            given["payload"] = msgspec.json.decode(args.payload)
+        except msgspec.DecodeError as exc:
+            raise InvalidInput(f"is not JSON: {exc}", "--payload") from None
+    if args.tags is not None:
+        given["tags"] = [t.strip() for t in args.tags.split(",") if t.strip()]
+    if args.paused:
+        given["paused"] = True
+    if args.file:
+        if given:
+            raise InvalidInput(
+                f"cannot be combined with {', '.join('--' + k for k in given)}: put the "
+                "fields in the file",
+                "--file",
+            )
+        spec = _read_spec(args.file)
+        if args.name and args.name != spec.name:
+            raise InvalidInput(f"{args.name!r} does not match the file's name {spec.name!r}", "JOB")
+        return spec
+    if not args.name or not args.schedule:
+        raise InvalidInput("give JOB and --schedule, or -f FILE", "JOB")
+    try:
+        return msgspec.convert({"name": args.name, **given}, type=JobSpec)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(str(exc), "job") from None
+
+
+def _read_spec(path: str) -> JobSpec:
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}", "--file") from None
+    try:
+        return msgspec.json.decode(data, type=JobSpec)
+    except msgspec.MsgspecError as exc:
+        raise InvalidInput(f"{path}: not a job spec: {exc}", "--file") from None
+
+
+def _cmd_jobs_put(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+
+    async def work(admin: AdminClient) -> int:
+        result = await admin.put_job(spec, args.revision)
+        if args.json:
+            _print_json(result)
+        else:
+            verb = "created" if result.created else "updated"
+            _emit([f"{result.name}: {verb} (revision {result.revision})"])
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+def _cmd_jobs_rm(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        result = await admin.delete_job(args.name, args.revision)
+        if args.json:
+            _print_json(result)
+        else:
+            _emit([f"{result.name}: deleted"])
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+def _cmd_jobs_pause(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        result = await admin.pause(args.name, args.paused)
+        if args.json:
+            _print_json(result)
+        else:
+            state = "paused" if result.paused else "active"
+            note = "" if result.changed else " already"
+            _emit([f"{result.name}:{note} {state} (revision {result.revision})"])
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+# --- trigger and backfill -----------------------------------------------------------------
+
+
+def add_trigger(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "trigger",
+        help="fire a job now, outside its schedule (admin API)",
+        description=(
+            "Publish a trigger for JOB now, through the same claim and fenced publish as a "
+            "scheduled tick. Its tick key is JOB:manual:ID; the same --id never fires twice."
+        ),
+        epilog="example:\n  hrwcron trigger reports.daily --id rerun-2026-03-07",
+        formatter_class=_FORMATTER,
+    )
+    p.add_argument("name", metavar="JOB", type=_job_name)
+    p.add_argument("--id", default="", help="idempotency id (default: generated)")
+    _add_json(p)
+    add_connection_options(p)
+    p.set_defaults(handler=_cmd_trigger)
+
+
+def _cmd_trigger(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        result = await admin.trigger(args.name, args.id)
+        if args.json:
+            _print_json(result)
+        elif result.outcome == "started":
+            _emit([f"{result.tick}: published by {result.node} (due {_short(result.due)})"])
+        else:
+            _emit([f"{result.tick}: already fired before; nothing published"])
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+def add_backfill(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "backfill",
+        help="publish a job's past due instants that never fired (admin API)",
+        description=(
+            "Publish every due instant of JOB from --from to --to (both included) with its "
+            "normal tick key, skipping ticks the trigger stream already holds, so a backfill "
+            "never duplicates a trigger and can be repeated. Instants inside the job's "
+            "lateness window are left to the scheduler. At most 1000 instants per request."
+        ),
+        epilog=(
+            "example:\n"
+            "  hrwcron backfill reports.daily --from 2026-03-01T00:00:00Z "
+            "--to 2026-03-07T00:00:00Z --dry-run"
+        ),
+        formatter_class=_FORMATTER,
+    )
+    p.add_argument("name", metavar="JOB", type=_job_name)
+    p.add_argument("--from", dest="start", required=True, type=_iso, metavar="ISO8601")
+    p.add_argument("--to", dest="end", required=True, type=_iso, metavar="ISO8601")
+    p.add_argument("--dry-run", action="store_true", help="show what would be published")
+    _add_json(p)
+    add_connection_options(p)
+    p.set_defaults(handler=_cmd_backfill)
+
+
+def _cmd_backfill(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        result = await admin.backfill(
+            args.name, args.start, args.end, dry_run=args.dry_run, timeout=max(120, args.timeout)
+        )
+        if args.json:
+            _print_json(result)
+            return EXIT_OK
+        verb = "would publish" if result.dry_run else "published"
+        lines = [f"  + {tick}" for tick in result.published]
+        lines.append(
+            f"{result.name}: {result.due} due instants; {verb} {len(result.published)}, "
+            f"{len(result.present)} already fired, "
+            f"{len(result.left_to_scheduler)} left to the scheduler"
+        )
+        _emit(lines)
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+# --- status and history -------------------------------------------------------------------
+
+
+def add_status(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "status",
+        help="members, and per job its owner, failover order, next due and last trigger",
+        description=(
+            "Show the cluster as the answering replica sees it: every member with its "
+            "heartbeat age, weight, tags and job-table digest, then every job with its owner, "
+            "failover order, next due instant and last trigger."
+        ),
+        formatter_class=_FORMATTER,
+    )
+    p.add_argument("name", metavar="JOB", nargs="?", type=_job_name, help="one job only")
+    p.add_argument("--prefix", default="", help="only jobs whose name starts with this")
+    _add_json(p)
+    add_connection_options(p)
+    p.set_defaults(handler=_cmd_status)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        reply = await admin.status(args.name or "", args.prefix, limit=10_000)
+        if args.json:
+            _print_json(reply)
+            return EXIT_OK
+        state = "ready" if reply.ready else f"NOT READY ({reply.reason})"
+        lines = [f"answered by {reply.node}: {state}, job digest {reply.digest}", ""]
+        member_rows = [
+            [
+                m.node,
+                "live" if m.live else "down",
+                "yes" if m.ready else f"no: {m.reason}",
+                f"{m.age_s:.1f}s",
+                f"{m.weight:g}",
+                ",".join(m.tags) or "-",
+                m.digest + ("" if m.digest_matches else " (differs)"),
+                str(m.jobs),
+                m.version,
+            ]
+            for m in reply.members
+        ]
+        lines += _table(
+            ["MEMBER", "STATE", "READY", "AGE", "WEIGHT", "TAGS", "DIGEST", "JOBS", "VERSION"],
+            member_rows,
+        )
+        lines.append("")
+        job_rows = [
+            [
+                j.name,
+                j.schedule + ("" if j.tz == "UTC" else f" ({j.tz})"),
+                "paused" if j.paused else (j.owner or "NO CANDIDATE"),
+                ",".join(j.order[1:]) or "-",
+                _short(j.next_fire),
+                j.last.tick if j.last else "-",
+                ",".join(j.tags) or "-",
+            ]
+            for j in reply.jobs
+        ]
+        lines += _table(
+            ["JOB", "SCHEDULE", "OWNER", "FAILOVER", "NEXT", "LAST TRIGGER", "TAGS"], job_rows
+        )
+        if reply.truncated:
+            lines.append(f"... {reply.total_jobs - len(reply.jobs)} more (use --prefix)")
+        _emit(lines)
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+def add_history(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "history",
+        help="the last triggers of a job, read from the trigger stream (admin API)",
+        formatter_class=_FORMATTER,
+        epilog="example:\n  hrwcron history reports.daily -n 5",
+    )
+    p.add_argument("name", metavar="JOB", type=_job_name)
+    p.add_argument(
+        "-n", dest="limit", type=_history_count, default=20, metavar="N", help="default 20"
+    )
+    _add_json(p)
+    add_connection_options(p)
+    p.set_defaults(handler=_cmd_history)
+
+
+def _history_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError("must be a whole number from 1 to 1000")
+    return value
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        reply = await admin.history(args.name, args.limit)
+        if args.json:
+            _print_json(reply)
+            return EXIT_OK
+        rows = [
+            [
+                str(t.seq),
+                t.tick,
+                t.kind,
+                _short(t.due),
+                _short(t.fired_at),
+                t.node or "-",
+                str(t.attempt),
+            ]
+            for t in reply.triggers
+        ]
+        lines = _table(["SEQ", "TICK", "KIND", "DUE", "FIRED", "NODE", "ATTEMPT"], rows)
+        if not rows:
+            lines = [f"{reply.name}: no triggers in the stream on {reply.subject}"]
+        _emit(lines)
+        return EXIT_OK
+
+    return run_admin(args, work)
+
+
+# --- apply --------------------------------------------------------------------------------
+
+
+def add_apply(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "apply",
+        help="make the jobs bucket match a file, showing the diff first (admin API)",
+        description=(
+            "Create or update every job in FILE (a TOML configuration file with [[jobs]], or "
+            "a JSON array of job specs) through the admin API, printing the diff first. "
+            "--prune also deletes jobs that are not in FILE; --dry-run only prints the diff. "
+            "Every write is compare-and-set against the revision the diff read, so an edit "
+            "made meanwhile stops the apply instead of being overwritten. Without --config "
+            "or --nats-url the connection settings come from FILE (when it is TOML)."
+        ),
+        epilog="example:\n  hrwcron apply examples/hrwcron.toml --prune --dry-run",
+        formatter_class=_FORMATTER,
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--prune", action="store_true", help="delete jobs that are not in FILE")
+    p.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    _add_json(p)
+    add_connection_options(p)
+    p.set_defaults(handler=_cmd_apply)
+
+
+def _jobs_from_file(path: str) -> list[JobSpec]:
+    if not path.endswith(".json"):
+        return list(load_config(path, os.environ).jobs)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read: {exc.strerror}", path) from None
+    try:
+        specs = msgspec.json.decode(data, type=list[JobSpec])
+    except msgspec.MsgspecError as exc:
+        raise InvalidInput(f"not a JSON array of job specs: {exc}", path) from None
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for i, spec in enumerate(specs):
+        problems += [Problem(f"{path}: [{i}].{p.where}", p.message) for p in spec.problems()]
+        if spec.name in seen:
+            problems.append(Problem(f"{path}: [{i}].name", f"{spec.name!r} appears twice"))
+        seen.add(spec.name)
+    if problems:
+        raise InvalidInput(problems)
+    return specs
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    from .admin.client import ApiJobs
+    from .jobsync import apply_diff, diff_jobs
+
+    specs = _jobs_from_file(args.file)
+    fallback = None if args.file.endswith(".json") else args.file
+    config = connection_config(args, fallback=fallback)
+
+    async def work(admin: AdminClient) -> int:
+        store = ApiJobs(admin)
+        diff = await diff_jobs(store, specs, prune=args.prune)
+        if args.json:
+            _print_json(
+                {
+                    "create": [s.name for s in diff.create],
+                    "update": [s.name for s, _ in diff.update],
+                    "delete": [n for n, _ in diff.delete],
+                    "unchanged": diff.unchanged,
+                    "dry_run": args.dry_run,
+                }
+            )
+        else:
+            _emit(diff.lines() or ["no changes"])
+        if diff.empty or args.dry_run:
+            return EXIT_OK
+        try:
+            await apply_diff(store, diff)
+        except HrwcronError as exc:
+            _fail(args, f"apply stopped: {exc}; run it again to see what is left")
+            return EXIT_SERVER
+        if not args.json:
+            _emit(
+                [
+                    f"applied: {len(diff.create)} created, {len(diff.update)} updated, "
+                    f"{len(diff.delete)} deleted"
+                ]
+            )
+        return EXIT_OK
+
+    return run_admin(args, work, config=config)
+
+
+# --- `hrwcron next JOB` -------------------------------------------------------------------
+
+
+def job_schedule(args: argparse.Namespace) -> tuple[str, str]:
+    """The schedule and time zone of the job ``args.expr`` names, read through the API."""
+    found: list[tuple[str, str]] = []
+
+    async def work(admin: AdminClient) -> int:
+        entry = await admin.get_job(args.expr)
+        if entry.spec is None:
+            raise InvalidInput(f"job {args.expr!r} is stored but invalid: {entry.error}", "JOB")
+        found.append((entry.spec.schedule, entry.spec.tz))
+        return EXIT_OK
+
+    code = run_admin(args, work)
+    if code != EXIT_OK:
+        raise _ServerFailure(code)
+    return found[0]
+
+
+class _ServerFailure(HrwcronError):
+    """The lookup failed and was reported already; carries the exit code."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exit {code}")
+        self.code = code
+
+
+def next_for_job(args: argparse.Namespace, emit: Callable[[str, str], int]) -> int:
+    """Runs ``emit(schedule, tz)`` for the job named by ``args.expr``; returns an exit code."""
+    if args.tz is not None:
+        raise InvalidInput("a job's schedule uses the job's own time zone; drop --tz", "--tz")
+    try:
+        schedule, tz = job_schedule(args)
+    except _ServerFailure as exc:
+        return exc.code
+    return emit(schedule, tz)

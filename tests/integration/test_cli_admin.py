@@ -1,0 +1,179 @@
+"""The operator CLI as a person runs it: ``python -m hrwcron ...`` processes against replicas
+on a real nats-server, checking output, ``--json`` and exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from harness import NatsServer, wait_for_async
+from hrwcron.model import JobSpec
+from hrwcron.schedule import Schedule
+from hrwcron.ticks import format_ms
+
+from .replicas import Cluster
+
+
+class Result(NamedTuple):
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
+    c = await Cluster.start(nats_url, {"a": {}, "b": {}})
+    yield c
+    await c.stop()
+
+
+async def hrwcron(url: str, *args: str, stdin: bytes | None = None) -> Result:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HRWCRON_")}
+    env["HRWCRON_NATS_URL"] = url
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "hrwcron",
+        *args,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=60)
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+async def test_jobs_verbs_change_what_the_replicas_run(cluster: Cluster) -> None:
+    url = cluster.url
+    put = await hrwcron(url, "jobs", "put", "cli.job", "--schedule", "@every 1s", "--tags", "")
+    assert put == Result(0, "cli.job: created (revision 1)\n", "")
+
+    ls = await hrwcron(url, "jobs", "ls")
+    assert ls.code == 0
+    assert ls.out.splitlines()[0].split() == ["JOB", "SCHEDULE", "TZ", "STATE", "TAGS", "REV"]
+    assert "cli.job" in ls.out and "1 job" in ls.out
+
+    got = await hrwcron(url, "jobs", "get", "cli.job", "--json")
+    entry = json.loads(got.out)
+    assert entry["revision"] == 1 and entry["spec"]["schedule"] == "@every 1s"
+
+    async def fired() -> bool:
+        return len(await cluster.ticks("cli.job")) >= 1
+
+    await wait_for_async(fired, timeout=20, interval=0.2)
+
+    paused = await hrwcron(url, "jobs", "pause", "cli.job")
+    assert paused == Result(0, "cli.job: paused (revision 2)\n", "")
+    again = await hrwcron(url, "jobs", "pause", "cli.job")
+    assert again.out == "cli.job: already paused (revision 2)\n"
+    stale = await hrwcron(
+        url, "jobs", "put", "cli.job", "--schedule", "@every 5s", "--revision", "1"
+    )
+    assert stale.code == 2 and "changed since revision 1" in stale.err and stale.out == ""
+    resumed = await hrwcron(url, "jobs", "resume", "cli.job", "--json")
+    assert json.loads(resumed.out)["paused"] is False
+
+    spec = json.dumps({"name": "cli.file", "schedule": "0 9 * * MON", "tz": "Europe/Berlin"})
+    from_file = await hrwcron(url, "jobs", "put", "-f", "-", stdin=spec.encode())
+    assert from_file.code == 0 and "created" in from_file.out
+
+    nxt = await hrwcron(url, "next", "cli.file", "--count", "2", "--after", "2026-03-07T00:00:00Z")
+    expected = Schedule.parse("0 9 * * MON", "Europe/Berlin").due_between(
+        1_772_841_600_000, 1_772_841_600_000 + 14 * 86_400_000
+    )[:2]
+    assert nxt.code == 0
+    assert nxt.out.split() == [format_ms(t).replace(".000Z", "Z") for t in expected]
+
+    removed = await hrwcron(url, "jobs", "rm", "cli.job")
+    assert removed == Result(0, "cli.job: deleted\n", "")
+    gone = await hrwcron(url, "jobs", "get", "cli.job")
+    assert gone.code == 2 and "no job named 'cli.job'" in gone.err
+
+
+async def test_trigger_history_status_and_backfill(cluster: Cluster) -> None:
+    url = cluster.url
+    await cluster.admin.put_job(JobSpec(name="ops.job", schedule="@every 2s"), 0)
+    fired = await hrwcron(url, "trigger", "ops.job", "--id", "by-hand")
+    assert fired.code == 0 and fired.out.startswith("ops.job:manual:by-hand: published by ")
+    twice = await hrwcron(url, "trigger", "ops.job", "--id", "by-hand")
+    assert twice.out == "ops.job:manual:by-hand: already fired before; nothing published\n"
+
+    history = await hrwcron(url, "history", "ops.job", "-n", "5")
+    assert history.code == 0
+    lines = history.out.splitlines()
+    assert lines[0].split()[:3] == ["SEQ", "TICK", "KIND"]
+    (manual,) = [line for line in lines if "ops.job:manual:by-hand" in line]
+    assert manual.split()[2] == "manual"
+
+    status = await hrwcron(url, "status", "--json")
+    reply = json.loads(status.out)
+    assert {m["node"] for m in reply["members"]} == {"a", "b"}
+    (job,) = reply["jobs"]
+    assert job["owner"] in ("a", "b") and sorted(job["order"]) == ["a", "b"]
+    table = await hrwcron(url, "status")
+    assert table.code == 0 and "MEMBER" in table.out and "ops.job" in table.out
+
+    start = "2026-01-01T00:00:00Z"
+    dry = await hrwcron(url, "backfill", "ops.job", "--from", start, "--to", "2026-01-01T00:00:10Z",
+                        "--dry-run")  # fmt: skip
+    assert dry.code == 0 and "would publish 6" in dry.out
+    day = "2026-01-02T00:00:00Z"
+    too_many = await hrwcron(url, "backfill", "ops.job", "--from", start, "--to", day)
+    assert too_many.code == 2 and "more than 1000" in too_many.err and too_many.out == ""
+    naive = await hrwcron(url, "backfill", "ops.job", "--from", "2026-01-01T00:00", "--to", start)
+    assert naive.code == 2 and "no UTC offset" in naive.err
+
+
+async def test_apply_shows_the_diff_and_prunes(cluster: Cluster, tmp_path: Path) -> None:
+    url = cluster.url
+    await cluster.admin.put_job(JobSpec(name="old", schedule="@daily"), 0)
+    config = tmp_path / "jobs.toml"
+    config.write_text(
+        '[[jobs]]\nname = "a.one"\nschedule = "@hourly"\n\n'
+        '[[jobs]]\nname = "a.two"\nschedule = "*/5 * * * *"\ntz = "Asia/Tokyo"\n'
+    )
+    dry = await hrwcron(url, "apply", str(config), "--prune", "--dry-run")
+    assert dry == Result(0, "+ a.one (@hourly)\n+ a.two (*/5 * * * *)\n- old\n", "")
+    assert [e.name for e in await cluster.admin.all_jobs()] == ["old"]
+
+    applied = await hrwcron(url, "apply", str(config))
+    assert applied.code == 0
+    assert applied.out.splitlines() == [
+        "+ a.one (@hourly)",
+        "+ a.two (*/5 * * * *)",
+        "applied: 2 created, 0 updated, 0 deleted",
+    ]
+    pruned = await hrwcron(url, "apply", str(config), "--prune", "--json")
+    assert json.loads(pruned.out) == {
+        "create": [],
+        "update": [],
+        "delete": ["old"],
+        "unchanged": ["a.one", "a.two"],
+        "dry_run": False,
+    }
+    assert [e.name for e in await cluster.admin.all_jobs()] == ["a.one", "a.two"]
+    same = await hrwcron(url, "apply", str(config), "--prune")
+    assert same == Result(0, "no changes\n", "")
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[jobs]]\nname = "x"\nschedule = "99 * * * *"\n')
+    refused = await hrwcron(url, "apply", str(bad))
+    assert refused.code == 2 and "jobs[0].schedule" in refused.err and refused.out == ""
+
+
+async def test_no_replica_is_a_server_error(tmp_path: Path) -> None:
+    with NatsServer(base_dir=tmp_path / "empty") as server:
+        result = await hrwcron(server.url, "jobs", "ls", "--timeout", "2")
+    assert result.code == 1
+    assert "no hrwcron replica answers on hrwcron.admin.jobs.list" in result.err
+    unreachable = await hrwcron("nats://127.0.0.1:1", "status")
+    assert unreachable.code == 1 and "cannot connect to NATS" in unreachable.err
