@@ -10,6 +10,12 @@ from dataclasses import dataclass, field
 
 from .ports import ServerTime
 
+# How far the wall clock may move against the monotonic clock between two readings before it
+# counts as set (an NTP step, an operator, a restored VM) rather than slewed: NTP slews at most
+# 0.5 ms per second, so 100 ms plus 1 ms per elapsed second is never reached by drift.
+STEP_MS = 100.0
+STEP_RATE = 0.001
+
 
 @dataclass
 class OffsetEstimator:
@@ -29,6 +35,10 @@ class OffsetEstimator:
         self.samples.append((rtt, offset))
         while len(self.samples) > self.window:
             self.samples.popleft()
+
+    def shift(self, delta_ms: float) -> None:
+        """The local clock was set by ``-delta_ms``: every sample's offset moves to match."""
+        self.samples = deque((rtt, offset + delta_ms) for rtt, offset in self.samples)
 
     @property
     def known(self) -> bool:
@@ -58,12 +68,27 @@ class Clock:
         self._wall_ms = wall_ms
         self.monotonic = monotonic
         self.estimator = OffsetEstimator()
+        self.steps = 0  # how often the local clock was seen being set
+        self._last: tuple[float, float] | None = None  # (wall ms, monotonic ms) last read
 
     def local_ms(self) -> float:
-        return self._wall_ms()
+        """The local wall clock. A step of it is absorbed into the offset at once: the offset
+        is only re-measured at the next heartbeat, and until then a clock set 30 s ahead
+        would make ticks look due 30 s early. Server time stays continuous instead, and the
+        skew check sees the step straight away."""
+        wall = self._wall_ms()
+        mono = self.monotonic() * 1000
+        if self._last is not None:
+            elapsed = mono - self._last[1]
+            step = (wall - self._last[0]) - elapsed
+            if abs(step) > STEP_MS + STEP_RATE * abs(elapsed):
+                self.estimator.shift(-step)
+                self.steps += 1
+        self._last = (wall, mono)
+        return wall
 
     def now_ms(self) -> float:
-        return self._wall_ms() + self.estimator.offset_ms
+        return self.local_ms() + self.estimator.offset_ms
 
     @property
     def offset_ms(self) -> float:

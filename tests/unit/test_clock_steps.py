@@ -1,0 +1,93 @@
+"""A local clock that is set (stepped) while a replica runs: server time stays continuous and
+the step shows as skew at once, instead of ticks looking due early until the next heartbeat."""
+
+from __future__ import annotations
+
+import pytest
+
+from hrwcron.clock import Clock
+from hrwcron.ports import ServerTime
+
+
+class Clocks:
+    """A settable wall clock and a monotonic clock that only moves forward with real time."""
+
+    def __init__(self) -> None:
+        self.real_ms = 1_800_000_000_000.0
+        self.wall_offset_ms = 0.0
+
+    def wall(self) -> float:
+        return self.real_ms + self.wall_offset_ms
+
+    def monotonic(self) -> float:
+        return self.real_ms / 1000 - 1_700_000_000
+
+    def advance(self, ms: float) -> None:
+        self.real_ms += ms
+
+
+def synced(server_ahead_ms: float = 0.0) -> tuple[Clocks, Clock]:
+    clocks = Clocks()
+    clock = Clock(clocks.wall, clocks.monotonic)
+    for _ in range(3):
+        sent = clock.local_ms()
+        clocks.advance(2)
+        received = clock.local_ms()
+        server = clocks.real_ms - 1 + server_ahead_ms
+        clock.estimator.add(ServerTime(sent, server, received))
+        clocks.advance(1000)
+    return clocks, clock
+
+
+@pytest.mark.parametrize("step_ms", [30_000.0, -30_000.0, 2_000.0, -2_000.0, 150.0])
+def test_a_step_of_the_local_clock_keeps_server_time_continuous_and_shows_as_skew(
+    step_ms: float,
+) -> None:
+    clocks, clock = synced(server_ahead_ms=40)
+    before = clock.now_ms()
+    assert abs(before - (clocks.real_ms + 40)) < 5
+    clocks.wall_offset_ms += step_ms
+    clocks.advance(300)
+    after = clock.now_ms()
+    assert abs(after - (clocks.real_ms + 40)) < 5, "server time jumped with the local clock"
+    assert abs(clock.offset_ms - (40 - step_ms)) < 5
+    assert clock.steps == 1
+
+
+def test_a_fresh_heartbeat_after_a_step_agrees_with_the_absorbed_offset() -> None:
+    clocks, clock = synced()
+    clocks.wall_offset_ms += 30_000
+    assert abs(clock.now_ms() - clocks.real_ms) < 5
+    sent = clock.local_ms()
+    clocks.advance(2)
+    received = clock.local_ms()
+    clock.estimator.add(ServerTime(sent, clocks.real_ms - 1, received))
+    assert len(clock.estimator.samples) == 4, "the new sample contradicted the shifted ones"
+    assert abs(clock.offset_ms + 30_000) < 5
+
+
+def test_slewing_is_not_a_step() -> None:
+    clocks, clock = synced()
+    for _ in range(100):
+        clocks.wall_offset_ms += 0.5  # NTP's fastest slew, 500 ppm of each second
+        clocks.advance(1000)
+        clock.now_ms()
+    assert clock.steps == 0
+    assert abs(clock.offset_ms) < 5
+
+
+def test_a_long_quiet_gap_tolerates_proportionally_more_slew() -> None:
+    clocks, clock = synced()
+    clocks.advance(3_600_000)
+    clocks.wall_offset_ms += 1_800  # an hour at 500 ppm
+    clock.now_ms()
+    assert clock.steps == 0
+
+
+def test_before_any_sample_a_step_changes_nothing_but_the_count() -> None:
+    clocks = Clocks()
+    clock = Clock(clocks.wall, clocks.monotonic)
+    clock.now_ms()
+    clocks.wall_offset_ms += 30_000
+    assert clock.now_ms() == clocks.wall()
+    assert not clock.estimator.known and clock.steps == 1
