@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 
 from .admin.service import AdminService
+from .clock import Clock
 from .config import Config
 from .config import default_node_id as host_node_id
 from .errors import HrwcronError
 from .failpoints import Failpoints
+from .http import HttpServer
 from .jetstream.connect import connect
 from .jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers, JetStreamRuns
 from .jetstream.provision import Layout, provision
@@ -23,6 +25,8 @@ from .jetstream.triggers import JetStreamTriggers
 from .jobsync import apply_diff, diff_jobs
 from .ports import NullObserver, Observer
 from .scheduler import Scheduler, Settings
+from .status import ReplicaStatus
+from .telemetry import Telemetry
 
 log = logging.getLogger("hrwcron.app")
 
@@ -113,6 +117,8 @@ class Replica:
     scheduler: Scheduler
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     admin: AdminService | None = None
+    telemetry: Telemetry | None = None
+    http: HttpServer | None = None
 
     async def stop(self) -> None:
         """Shutdown order: stop answering admin requests (the others answer them), stop
@@ -122,8 +128,13 @@ class Replica:
             with contextlib.suppress(Exception):
                 await self.admin.stop()
         await self.scheduler.stop()
+        # Closed after the scheduler, so probes see the replica until it has left.
+        if self.http is not None:
+            await self.http.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.stores.client.drain(), timeout=1.0)
+        if self.telemetry is not None:
+            await self.telemetry.shutdown()
         self.stopped.set()
 
 
@@ -131,12 +142,25 @@ async def start_replica(
     config: Config, env: Mapping[str, str], observer: Observer | None = None
 ) -> Replica:
     stores = await open_stores(config)
+    http: HttpServer | None = None
     try:
         if config.scheduler.apply_jobs and config.jobs:
             diff = await diff_jobs(stores.jobs, config.jobs, prune=False)
             if not diff.empty:
                 log.info("applying jobs from the config file: %s", ", ".join(diff.lines()))
                 await apply_diff(stores.jobs, diff)
+        clock = Clock()
+        telemetry = observer if isinstance(observer, Telemetry) else None
+        if observer is None:
+            telemetry = Telemetry.from_config(
+                config,
+                node=node_id(config),
+                env=env,
+                now_ms=clock.now_ms,
+                monotonic=clock.monotonic,
+            )
+        if telemetry is not None:
+            telemetry.track_nats(stores.client)
         scheduler = Scheduler(
             settings(config),
             members=stores.members,
@@ -144,10 +168,23 @@ async def start_replica(
             triggers=stores.triggers,
             jobs=stores.jobs,
             runs=stores.runs,
-            observer=observer or NullObserver(),
+            observer=observer or telemetry or NullObserver(),
+            clock=clock,
             failpoints=Failpoints(env),
         )
+        if telemetry is not None and config.http.listen:
+            # Up before the scheduler starts, so probes see "not ready" rather than nothing.
+            client = stores.client
+            source = ReplicaStatus(scheduler, telemetry, connected=lambda: client.is_connected)
+            http = HttpServer(config.http.listen, registry=telemetry.registry, source=source)
+            try:
+                await http.start()
+            except OSError as exc:
+                where = config.http.listen
+                raise HrwcronError(f"cannot listen on http.listen {where}: {exc}") from None
         await scheduler.start()
+        if telemetry is not None:
+            telemetry.history_loaded()
         admin = AdminService(
             stores.client,
             scheduler,
@@ -161,10 +198,12 @@ async def start_replica(
             await scheduler.stop()
             raise
     except BaseException:
+        if http is not None:
+            await http.close()
         await stores.client.close()
         raise
     log.info("replica %s started (instance %s)", scheduler.node, scheduler.instance)
-    return Replica(config, stores, scheduler, admin=admin)
+    return Replica(config, stores, scheduler, admin=admin, telemetry=telemetry, http=http)
 
 
 async def serve(config: Config, env: Mapping[str, str]) -> int:

@@ -167,6 +167,7 @@ class Observer(Protocol):
     def trigger_seen(self, subject: str, last: LastTrigger) -> None: ...
     def digest_mismatch(self, mismatched: list[str]) -> None: ...
     def owned(self, count: int) -> None: ...
+    def owner_changed(self, job: str, previous: str | None, owner: str | None) -> None: ...
 
 
 class NullSpan:
@@ -225,4 +226,7 @@ class NullObserver:
         return None
 
     def owned(self, count: int) -> None:
+        return None
+
+    def owner_changed(self, job: str, previous: str | None, owner: str | None) -> None:
         return None

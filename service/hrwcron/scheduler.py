@@ -415,6 +415,8 @@ class Scheduler:
         order = ranking(job.spec.name, job.spec.tags, self._candidates)
         owner = order[0] if order else None
         if owner != job.owner:
+            if job.owner is not None:
+                self._observer.owner_changed(job.spec.name, job.owner, owner)
             job.owner = owner
         if now > due + job.spec.max_lateness_ms:
             counts = owner == self.node or (owner is None and self.ready)

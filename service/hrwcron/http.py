@@ -1,0 +1,417 @@
+"""A small HTTP/1.1 server on asyncio streams: /metrics, /healthz, /readyz, /status and a
+read-only status page at /.
+
+No framework: five read-only routes do not need one, and every dependency is one more thing to
+patch in a process whose only job is firing ticks on time. One request per connection; request
+heads are bounded in size and time so a slow or hostile client cannot hold resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import html
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger("hrwcron.http")
+
+MAX_HEAD = 16 * 1024
+HEAD_TIMEOUT = 10.0
+WRITE_TIMEOUT = 10.0
+REFRESH_SECONDS = 5
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 10_000
+
+
+class StatusSource(Protocol):
+    def not_ready_reason(self) -> str: ...
+    async def status(self, limit: int, timeline: bool) -> dict[str, Any]: ...
+
+
+class BadRequest(Exception):
+    pass
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` as (host, port); raises ValueError naming the problem."""
+    host, colon, port = listen.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"http.listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", int(port)
+
+
+def _limit(query: dict[str, list[str]]) -> int:
+    values = query.get("limit")
+    if not values:
+        return DEFAULT_LIMIT
+    text = values[-1]
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}, got {text[:40]!r}")
+    return int(text)
+
+
+class Response:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers = {"Content-Type": content_type, **(headers or {})}
+
+
+def _json(status: int, data: Any) -> Response:
+    return Response(status, json.dumps(data).encode(), "application/json")
+
+
+def _text(status: int, text: str) -> Response:
+    return Response(status, text.encode(), "text/plain; charset=utf-8")
+
+
+class HttpServer:
+    """Serves one replica's endpoints; ``start`` binds, ``close`` stops it and its requests."""
+
+    def __init__(self, listen: str, *, registry: CollectorRegistry, source: StatusSource) -> None:
+        self.host, self.port = parse_listen(listen)
+        self._registry = registry
+        self._source = source
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._routes: dict[str, Callable[[dict[str, list[str]]], Awaitable[Response]]] = {
+            "/": self._page,
+            "/metrics": self._metrics,
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+            "/status": self._status,
+        }
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle, self.host, self.port, limit=MAX_HEAD
+        )
+        # Port 0 asks the OS for one; report the real one.
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info("http endpoint at %s (/metrics, /healthz, /readyz, /status, /)", self.url)
+
+    async def close(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        try:
+            response, head_only = await self._respond(reader)
+            await self._write(writer, response, head_only)
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            log.exception("http request failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            if task is not None:
+                self._handlers.discard(task)
+
+    async def _respond(self, reader: asyncio.StreamReader) -> tuple[Response, bool]:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+        except asyncio.LimitOverrunError:
+            return _text(431, "request head too large\n"), False
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = request_line.split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            return _text(400, "malformed request line\n"), False
+        method, target, _ = parts
+        if method not in ("GET", "HEAD"):
+            response = _text(405, "only GET and HEAD\n")
+            response.headers["Allow"] = "GET, HEAD"
+            return response, False
+        url = urlsplit(target)
+        route = self._routes.get(url.path)
+        if route is None:
+            return _text(404, "not found; try /, /status, /metrics, /healthz or /readyz\n"), False
+        try:
+            return await route(parse_qs(url.query)), method == "HEAD"
+        except BadRequest as exc:
+            return _json(400, {"error": str(exc)}), method == "HEAD"
+
+    async def _write(
+        self, writer: asyncio.StreamWriter, response: Response, head_only: bool
+    ) -> None:
+        reason = HTTPStatus(response.status).phrase
+        headers = {
+            **response.headers,
+            "Content-Length": str(len(response.body)),
+            "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff",
+            "Connection": "close",
+        }
+        lines = [f"HTTP/1.1 {response.status} {reason}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if not head_only:
+            writer.write(response.body)
+        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+
+    # --------------------------------------------------------------------------- routes
+
+    async def _metrics(self, query: dict[str, list[str]]) -> Response:
+        # Rendering a large registry takes a while; a thread keeps the tick loop running.
+        body = await asyncio.to_thread(generate_latest, self._registry)
+        return Response(200, body, CONTENT_TYPE_LATEST)
+
+    async def _healthz(self, query: dict[str, list[str]]) -> Response:
+        return _text(200, "ok\n")
+
+    async def _readyz(self, query: dict[str, list[str]]) -> Response:
+        reason = self._source.not_ready_reason()
+        if reason:
+            return _json(503, {"ready": False, "reason": reason})
+        return _json(200, {"ready": True})
+
+    async def _status(self, query: dict[str, list[str]]) -> Response:
+        timeline = query.get("timeline", ["0"])[-1] in ("1", "true", "yes")
+        return _json(200, await self._source.status(_limit(query), timeline))
+
+    async def _page(self, query: dict[str, list[str]]) -> Response:
+        status = await self._source.status(_limit(query), True)
+        return Response(
+            200,
+            render_page(status).encode(),
+            "text/html; charset=utf-8",
+            {
+                "Content-Security-Policy": PAGE_CSP,
+                "X-Frame-Options": "DENY",
+                "Referrer-Policy": "no-referrer",
+            },
+        )
+
+
+# ------------------------------------------------------------------------- status page
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
+h1{font-size:1.3em;margin:0 0 .3em}h2{font-size:1.1em;margin:1.4em 0 .4em}
+table{border-collapse:collapse;background:#fff}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#eee}td.num{text-align:right;font-variant-numeric:tabular-nums}
+code,.mono{font-family:ui-monospace,monospace;font-size:.92em;white-space:pre-wrap;word-break:break-all}
+.ok{color:#176117}.bad{color:#a11}.muted{color:#777}.me{font-weight:bold}
+svg{background:#fff;border:1px solid #ddd}rect.tick{fill:#3b6fb6}
+"""
+_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+# No script at all may run on this page: job specs are written by operators and API clients,
+# and escaping is the first line of defence, this policy the second.
+PAGE_CSP = (
+    "default-src 'none'; script-src 'none'; img-src 'none'; connect-src 'none'; "
+    f"style-src 'sha256-{_STYLE_HASH}'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
+
+
+def _e(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.1f} s ago"
+
+
+def _until(ms: float) -> str:
+    seconds = ms / 1000
+    if abs(seconds) < 120:
+        return f"in {seconds:.1f} s" if seconds >= 0 else f"{-seconds:.1f} s ago"
+    minutes = seconds / 60
+    if abs(minutes) < 120:
+        return f"in {minutes:.0f} min" if minutes >= 0 else f"{-minutes:.0f} min ago"
+    hours = minutes / 60
+    return f"in {hours:.1f} h" if hours >= 0 else f"{-hours:.1f} h ago"
+
+
+def _last_cell(last: dict[str, Any] | None) -> str:
+    if not last:
+        return '<span class="muted">none yet</span>'
+    text = f"<code>{_e(last['tick'])}</code> (seq {_e(last['seq'])})"
+    if last.get("lateness_ms") is not None:
+        text += f"<br>{_e(last['lateness_ms'])} ms late, by {_e(last.get('by'))}"
+    elif last.get("seen_after_ms") is not None:
+        text += f'<br><span class="muted">seen here {_e(last["seen_after_ms"])} ms after due</span>'
+    return text
+
+
+def _members_table(status: dict[str, Any]) -> str:
+    rows = []
+    for m in status["members"]:
+        state = (
+            '<span class="ok">live</span>'
+            if m["live"]
+            else f'<span class="bad">not ready: {_e(m["reason"] or "heartbeat late")}</span>'
+        )
+        digest = "" if m["digest_matches"] else ' <span class="bad">(differs)</span>'
+        me = ' class="me"' if m["self"] else ""
+        rows.append(
+            f"<tr{me}><td>{_e(m['node'])}</td><td>{state}</td>"
+            f'<td class="num">{_e(_ago(m["heartbeat_age_s"]))}</td>'
+            f'<td class="num">{_e(m["weight"])}</td><td>{_e(", ".join(m["tags"]))}</td>'
+            f'<td class="mono">{_e(m["digest"])}{digest}</td><td class="num">{_e(m["jobs"])}</td>'
+            f"<td>{_e(m['version'])}</td></tr>"
+        )
+    if not rows:
+        rows.append('<tr><td colspan="8" class="muted">no members in view</td></tr>')
+    return (
+        '<table id="members"><tr><th>member</th><th>state</th><th>heartbeat</th><th>weight</th>'
+        "<th>tags</th><th>job-set digest</th><th>jobs</th><th>version</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _jobs_table(status: dict[str, Any]) -> str:
+    now = status["now_ms"]
+    rows = []
+    for j in status["jobs"]:
+        owner = _e(j["owner"]) if j["owner"] else '<span class="bad">nobody eligible</span>'
+        failover = " → ".join(_e(n) for n in j["failover"][1:]) or '<span class="muted">—</span>'
+        if j["paused"]:
+            due = '<span class="muted">paused</span>'
+        elif j["next_due_ms"] is None:
+            due = '<span class="muted">—</span>'
+        else:
+            due = f"{_e(j['next_due'])}<br>{_e(_until(j['next_fire_ms'] - now))}"
+        rows.append(
+            f'<tr><td><code>{_e(j["name"])}</code><br><span class="muted">'
+            f"{_e(j['description'])}</span></td>"
+            f"<td><code>{_e(j['schedule'])}</code><br>{_e(j['tz'])}</td>"
+            f"<td>{owner}</td><td>{failover}</td><td>{due}</td>"
+            f"<td>{_last_cell(j['last'])}</td><td>{_e(', '.join(j['tags']))}</td>"
+            f'<td class="mono">{_e(j["payload"])}</td></tr>'
+        )
+    if not rows:
+        rows.append('<tr><td colspan="8" class="muted">no jobs</td></tr>')
+    shown = len(status["jobs"])
+    note = ""
+    if shown < status["jobs_total"]:
+        note = (
+            f'<p class="muted">showing {shown} of {_e(status["jobs_total"])} jobs; '
+            f"add ?limit=N (up to {MAX_LIMIT}) to see more</p>"
+        )
+    return (
+        note + '<table id="jobs"><tr><th>job</th><th>schedule</th><th>owner</th>'
+        "<th>failover order</th><th>next due (UTC)</th><th>last trigger</th><th>tags</th>"
+        "<th>payload</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def _timeline_svg(timeline: dict[str, Any]) -> str:
+    members = timeline["members"]
+    if not members:
+        return '<p class="muted">no live members</p>'
+    bar, row_h, label_w = 10, 34, 150
+    buckets = max(len(counts) for counts in members.values())
+    peak = max([1] + [max(counts) for counts in members.values() if counts])
+    width = label_w + buckets * bar + 40
+    height = row_h * len(members) + 20
+    parts = [
+        f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" role="img" aria-label="ticks per member and minute">'
+    ]
+    start = timeline["start_ms"]
+    for i, (node, counts) in enumerate(members.items()):
+        top = 10 + i * row_h
+        total = sum(counts)
+        parts.append(
+            f'<text x="4" y="{top + row_h // 2 + 4}" font-size="12">{_e(node)} ({total})</text>'
+        )
+        for b, count in enumerate(counts):
+            if not count:
+                continue
+            h = max(1, round((row_h - 8) * count / peak))
+            minute = start + b * timeline["bucket_ms"]
+            parts.append(
+                f'<rect class="tick" x="{label_w + b * bar}" y="{top + row_h - 4 - h}" '
+                f'width="{bar - 1}" height="{h}"><title>{_e(node)}: {count} ticks in the '
+                f"minute from {_e(_hhmm(minute))} UTC</title></rect>"
+            )
+    for b in range(0, buckets, 10):
+        x = label_w + b * bar
+        minute = start + b * timeline["bucket_ms"]
+        parts.append(
+            f'<text x="{x}" y="{height - 4}" font-size="10" fill="#777">{_e(_hhmm(minute))}</text>'
+        )
+    parts.append("</svg>")
+    partial = ""
+    if timeline.get("partial"):
+        partial = '<p class="muted">partial: too many ticks to count them all here</p>'
+    return "".join(parts) + partial
+
+
+def _hhmm(epoch_ms: int) -> str:
+    seconds = epoch_ms // 1000
+    return f"{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}"
+
+
+def render_page(status: dict[str, Any]) -> str:
+    """The status page; every value from the status document is escaped."""
+    ready = (
+        '<span class="ok">ready</span>'
+        if status["ready"]
+        else f'<span class="bad">not ready: {_e(status["reason"])}</span>'
+    )
+    owned = ", ".join(f"{_e(o['name'])} ({_e(_until(o['in_s'] * 1000))})" for o in status["owned"])
+    bad = ""
+    if status.get("bad_jobs"):
+        items = "".join(
+            f"<li><code>{_e(b['name'])}</code>: {_e(b['error'])}</li>" for b in status["bad_jobs"]
+        )
+        bad = f"<h2>Rejected job specs</h2><ul>{items}</ul>"
+    timeline = _timeline_svg(status["timeline"]) if "timeline" in status else ""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="{REFRESH_SECONDS}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>hrwcron {_e(status["node"])}</title>
+<style>{_STYLE}</style></head>
+<body>
+<h1>hrwcron replica <span id="node">{_e(status["node"])}</span></h1>
+<p id="summary">{ready} · version {_e(status["version"])} · server time {_e(status["now"])}
+· clock offset {_e(status["clock_offset_ms"])} ms · job-set digest
+<span class="mono">{_e(status["digest"])}</span> · {_e(status["jobs_total"])} jobs,
+{_e(status["owned_total"])} owned here · refreshes every {REFRESH_SECONDS} s</p>
+<h2>Members</h2>
+{_members_table(status)}
+<h2>Next hour: ticks per member and minute (by current ownership)</h2>
+{timeline}
+<h2>Jobs</h2>
+{_jobs_table(status)}
+<h2>Owned here, soonest first</h2>
+<p>{owned or '<span class="muted">none</span>'}</p>
+{bad}
+</body></html>
+"""

@@ -1,0 +1,230 @@
+"""The HTTP endpoint over a fake status source: routes, status codes, limits and escaping."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from hrwcron.http import PAGE_CSP, HttpServer, parse_listen, render_page
+
+HOSTILE = '<script>document.title="pwned"</script><img src=x onerror=alert(1)>"\'&'
+
+
+def status_doc(text: str = "plain") -> dict[str, Any]:
+    """A status document shaped like ReplicaStatus.status(), with ``text`` in every string
+    that could come from a job spec or a member's heartbeat."""
+    return {
+        "node": "a",
+        "instance": "i",
+        "version": "0.1.0",
+        "ready": False,
+        "reason": text,
+        "now_ms": 1_000_000,
+        "now": "1970-01-01T00:16:40.000Z",
+        "clock_offset_ms": 1.5,
+        "digest": "00ff",
+        "failover_step_s": 1.0,
+        "members": [
+            {
+                "node": "a",
+                "self": True,
+                "heartbeat_age_s": 0.4,
+                "live": False,
+                "ready": False,
+                "reason": text,
+                "weight": 1.0,
+                "tags": [text],
+                "digest": text,
+                "digest_matches": False,
+                "jobs": 1,
+                "version": text,
+                "started": "",
+            }
+        ],
+        "live": ["a"],
+        "jobs_total": 2,
+        "owned_total": 1,
+        "limit": 1,
+        "jobs": [
+            {
+                "name": "billing.sweep",
+                "schedule": text,
+                "tz": text,
+                "paused": False,
+                "tags": [text],
+                "description": text,
+                "payload": json.dumps({"html": text}),
+                "subject": "hrwcron.trigger.billing.sweep",
+                "owner": "a",
+                "failover": ["a", text],
+                "rank": 0,
+                "next_due_ms": 1_001_000,
+                "next_due": "1970-01-01T00:16:41.000Z",
+                "next_fire_ms": 1_001_000,
+                "last": {
+                    "tick": text,
+                    "seq": 3,
+                    "due_ms": 999_000,
+                    "due": "",
+                    "by": text,
+                    "lateness_ms": 4.2,
+                    "seen_after_ms": None,
+                },
+            }
+        ],
+        "owned": [{"name": text, "next_due_ms": 1, "next_due": "", "in_s": 1.0}],
+        "bad_jobs": [{"name": text, "error": text}],
+        "timeline": {
+            "start_ms": 960_000,
+            "start": "",
+            "bucket_ms": 60_000,
+            "members": {text: [0, 3, 1]},
+            "partial": True,
+        },
+    }
+
+
+class FakeSource:
+    def __init__(self) -> None:
+        self.reason = ""
+        self.calls: list[tuple[int, bool]] = []
+        self.text = "plain"
+
+    def not_ready_reason(self) -> str:
+        return self.reason
+
+    async def status(self, limit: int, timeline: bool) -> dict[str, Any]:
+        self.calls.append((limit, timeline))
+        return status_doc(self.text)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[HttpServer, FakeSource, CollectorRegistry]]:
+    registry = CollectorRegistry()
+    Counter("hrwcron_example", "an example", registry=registry).inc(3)
+    source = FakeSource()
+    server = HttpServer("127.0.0.1:0", registry=registry, source=source)
+    await server.start()
+    try:
+        yield server, source, registry
+    finally:
+        await server.close()
+
+
+async def request(server: HttpServer, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(raw)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return status, headers, body
+
+
+async def get(
+    server: HttpServer, target: str, method: str = "GET"
+) -> tuple[int, dict[str, str], bytes]:
+    return await request(server, f"{method} {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+
+
+async def test_health_ready_and_metrics(
+    served: tuple[HttpServer, FakeSource, CollectorRegistry],
+) -> None:
+    server, source, _ = served
+    assert (await get(server, "/healthz"))[0] == 200
+    status, _, body = await get(server, "/readyz")
+    assert (status, json.loads(body)) == (200, {"ready": True})
+    source.reason = "heartbeat is not reaching NATS"
+    status, headers, body = await get(server, "/readyz")
+    assert status == 503
+    assert headers["content-type"] == "application/json"
+    assert json.loads(body) == {"ready": False, "reason": "heartbeat is not reaching NATS"}
+    status, headers, body = await get(server, "/metrics")
+    assert status == 200
+    assert headers["content-type"].startswith("text/plain; version=")
+    assert b"hrwcron_example_total 3.0" in body
+
+
+async def test_status_limit_and_timeline(
+    served: tuple[HttpServer, FakeSource, CollectorRegistry],
+) -> None:
+    server, source, _ = served
+    status, _, body = await get(server, "/status?limit=7&timeline=1")
+    assert status == 200
+    assert json.loads(body)["node"] == "a"
+    assert source.calls[-1] == (7, True)
+    await get(server, "/status")
+    assert source.calls[-1] == (100, False)
+    for bad in ("abc", "0", "10001", "-1"):
+        status, _, body = await get(server, f"/status?limit={bad}")
+        assert status == 400
+        assert "limit must be an integer from 1 to 10000" in json.loads(body)["error"]
+    assert len(source.calls) == 2  # a bad request never reaches the source
+
+
+async def test_methods_paths_and_oversized_heads(
+    served: tuple[HttpServer, FakeSource, CollectorRegistry],
+) -> None:
+    server, _, _ = served
+    status, headers, _ = await get(server, "/status", method="POST")
+    assert (status, headers["allow"]) == (405, "GET, HEAD")
+    assert (await get(server, "/nope"))[0] == 404
+    status, headers, body = await get(server, "/healthz", method="HEAD")
+    assert (status, headers["content-length"], body) == (200, "3", b"")
+    assert (await request(server, b"garbage\r\n\r\n"))[0] == 400
+    huge = b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+    assert (await request(server, huge))[0] == 431
+    assert (await get(server, "/healthz"))[0] == 200  # still serving
+
+
+async def test_page_is_escaped_and_forbids_scripts(
+    served: tuple[HttpServer, FakeSource, CollectorRegistry],
+) -> None:
+    server, source, _ = served
+    source.text = HOSTILE
+    status, headers, body = await get(server, "/?limit=1")
+    assert status == 200
+    assert source.calls[-1] == (1, True)
+    assert headers["content-security-policy"] == PAGE_CSP
+    assert "script-src 'none'" in PAGE_CSP
+    page = body.decode()
+    assert "<script" not in page.lower()
+    assert "<img" not in page.lower()
+    assert "&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;" in page
+    assert '<meta http-equiv="refresh"' in page
+    assert "showing 1 of 2 jobs" in page
+
+
+def test_every_hostile_field_is_escaped() -> None:
+    page = render_page(status_doc(HOSTILE))
+    raw = re.escape(HOSTILE)
+    assert not re.search(raw, page)
+    # Each place the text appears is escaped (the timeline label, tables, lists, JSON payload).
+    assert page.count("&lt;script&gt;") >= 12
+
+
+def test_parse_listen() -> None:
+    assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    assert parse_listen(":9464") == ("0.0.0.0", 9464)
+    with pytest.raises(ValueError, match="expected HOST:PORT"):
+        parse_listen("localhost")
+
+
+def test_the_policy_allows_exactly_the_page_style() -> None:
+    page = render_page(status_doc())
+    style = page[page.index("<style>") + len("<style>") : page.index("</style>")]
+    digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
+    assert f"style-src 'sha256-{digest}'" in PAGE_CSP
+    assert page.count("<style") == 1 and " style=" not in page  # nothing else needs allowing
