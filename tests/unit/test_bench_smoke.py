@@ -1,0 +1,91 @@
+"""The benchmark's arithmetic: percentiles, ratios to floors, tick accounting, peak rates, the
+native scheduler's timestamps and the README block. No servers, no timing."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.__main__ import README_BEGIN, README_END, update_readme  # noqa: E402
+from bench.burst import BurstResult  # noqa: E402
+from bench.common import Stored, Summary, percentile, ratio  # noqa: E402
+from bench.failover import check_ticks  # noqa: E402
+from bench.precision import _parse_rfc3339_ms, _rfc3339  # noqa: E402
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [40.0, 10.0, 30.0, 20.0]
+    assert percentile(values, 0) == 10.0
+    assert percentile(values, 100) == 40.0
+    assert percentile(values, 50) == 25.0
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_percentile_rejects_out_of_range() -> None:
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        percentile([1.0], 101)
+
+
+def test_summary_and_ratio() -> None:
+    s = Summary.of([float(v) for v in range(1, 101)])
+    assert (s.count, s.min, s.max) == (100, 1.0, 100.0)
+    assert s.p50 == pytest.approx(50.5)
+    assert ratio(3.0, 1.5) == 2.0
+    assert math.isnan(ratio(1.0, 0.0))
+    assert math.isnan(ratio(math.nan, 1.0))
+
+
+def _trigger(job: str, due: int, stored: float) -> Stored:
+    headers = {"Hrwcron-Job": job, "Hrwcron-Watermark": str(due)}
+    return Stored(f"hrwcron.trigger.{job}", 0, stored, headers, b"")
+
+
+def test_check_ticks_counts_lost_and_duplicated() -> None:
+    stored = [
+        _trigger("a", 1000, 1001),
+        _trigger("a", 2000, 2001),
+        _trigger("a", 2000, 2002),  # the same tick twice
+        _trigger("b", 1000, 1003),  # b's tick at 2000 is missing
+        _trigger("b", 9000, 9001),  # outside the checked range
+    ]
+    expected, lost, duplicated = check_ticks(stored, ["a", "b"], 1000, 3000)
+    assert (expected, lost, duplicated) == (4, 1, 1)
+
+
+def test_peak_rate_uses_one_second_windows() -> None:
+    result = BurstResult(jobs=6, deployment="single", jitter_s=3.0)
+    result.spread_stored_ms = [0.0, 100.0, 999.0, 1000.0, 2500.0, 2600.0]
+    peak, mean = result.peak_rate
+    assert peak == 3
+    assert mean == 2.0
+
+
+def test_native_timestamps_round_trip() -> None:
+    ms = 1_790_000_123_456
+    text = _rfc3339(ms)
+    assert text.endswith(".456Z")
+    assert _parse_rfc3339_ms(text) == ms
+    # Go prints nanoseconds, or no fraction at all on a whole second.
+    assert _parse_rfc3339_ms("2026-11-29T19:03:57.123456789Z") % 1000 == 123
+    assert _parse_rfc3339_ms("2026-11-29T19:03:57Z") % 1000 == 0
+
+
+def test_readme_block_replaced_only_between_markers(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{README_BEGIN}\nold\n{README_END}\nafter\n")
+    assert update_readme(readme, "new figures\n")
+    assert (
+        readme.read_text() == f"# x\n\nbefore\n{README_BEGIN}\nnew figures\n{README_END}\nafter\n"
+    )
+    plain = tmp_path / "PLAIN.md"
+    plain.write_text("no markers\n")
+    assert not update_readme(plain, "new\n")
+    assert plain.read_text() == "no markers\n"
