@@ -36,10 +36,6 @@ class OffsetEstimator:
         while len(self.samples) > self.window:
             self.samples.popleft()
 
-    def shift(self, delta_ms: float) -> None:
-        """The local clock was set by ``-delta_ms``: every sample's offset moves to match."""
-        self.samples = deque((rtt, offset + delta_ms) for rtt, offset in self.samples)
-
     @property
     def known(self) -> bool:
         return bool(self.samples)
@@ -58,7 +54,11 @@ class OffsetEstimator:
 
 
 class Clock:
-    """Wall time corrected by the estimated server offset, plus a monotonic clock for leases."""
+    """Wall time corrected by the estimated server offset, plus a monotonic clock for leases.
+
+    Offsets are measured against the local clock with every step of it taken out (see
+    :meth:`local_ms`), so a clock set while the replica runs moves neither server time nor
+    the samples behind it; :attr:`offset_ms` puts the steps back in to report the skew."""
 
     def __init__(
         self,
@@ -68,28 +68,34 @@ class Clock:
         self._wall_ms = wall_ms
         self.monotonic = monotonic
         self.estimator = OffsetEstimator()
-        self.steps = 0  # how often the local clock was seen being set
+        self.steps = 0  # how often the local wall clock was seen being set
+        self.stepped_ms = 0.0  # by how much, in all
         self._last: tuple[float, float] | None = None  # (wall ms, monotonic ms) last read
 
     def local_ms(self) -> float:
-        """The local wall clock. A step of it is absorbed into the offset at once: the offset
-        is only re-measured at the next heartbeat, and until then a clock set 30 s ahead
-        would make ticks look due 30 s early. Server time stays continuous instead, and the
-        skew check sees the step straight away."""
+        """The local wall clock minus every step it took while this process ran.
+
+        A step (an NTP step, an operator, a restored VM) is told from drift by comparing the
+        wall clock with the monotonic one between readings. Taking steps out keeps this clock
+        continuous: the offset is only re-measured at heartbeats, and a step between two of
+        them must not make ticks look due 30 s early, nor turn a heartbeat sample taken just
+        before the step into one that seems to say the offset changed."""
         wall = self._wall_ms()
         mono = self.monotonic() * 1000
         if self._last is not None:
             elapsed = mono - self._last[1]
             step = (wall - self._last[0]) - elapsed
             if abs(step) > STEP_MS + STEP_RATE * abs(elapsed):
-                self.estimator.shift(-step)
+                self.stepped_ms += step
                 self.steps += 1
         self._last = (wall, mono)
-        return wall
+        return wall - self.stepped_ms
 
     def now_ms(self) -> float:
         return self.local_ms() + self.estimator.offset_ms
 
     @property
     def offset_ms(self) -> float:
-        return self.estimator.offset_ms
+        """Server time minus the local wall clock as it is set now: the skew."""
+        self.local_ms()  # a step since the last reading counts at once
+        return self.estimator.offset_ms - self.stepped_ms

@@ -15,12 +15,13 @@ class Clocks:
     def __init__(self) -> None:
         self.real_ms = 1_800_000_000_000.0
         self.wall_offset_ms = 0.0
+        self.suspended_ms = 0.0  # time the monotonic clock did not count
 
     def wall(self) -> float:
         return self.real_ms + self.wall_offset_ms
 
     def monotonic(self) -> float:
-        return self.real_ms / 1000 - 1_700_000_000
+        return (self.real_ms - self.suspended_ms) / 1000 - 1_700_000_000
 
     def advance(self, ms: float) -> None:
         self.real_ms += ms
@@ -84,10 +85,70 @@ def test_a_long_quiet_gap_tolerates_proportionally_more_slew() -> None:
     assert clock.steps == 0
 
 
-def test_before_any_sample_a_step_changes_nothing_but_the_count() -> None:
+def test_a_step_before_any_sample_is_still_seen_as_skew() -> None:
     clocks = Clocks()
     clock = Clock(clocks.wall, clocks.monotonic)
     clock.now_ms()
     clocks.wall_offset_ms += 30_000
-    assert clock.now_ms() == clocks.wall()
-    assert not clock.estimator.known and clock.steps == 1
+    assert clock.now_ms() == clocks.real_ms
+    assert clock.offset_ms == -30_000 and clock.steps == 1
+
+
+def _sample(clocks: Clocks, clock: Clock, *, step_between_ms: float = 0.0) -> ServerTime:
+    sent = clock.local_ms()
+    clocks.advance(1)
+    clocks.wall_offset_ms += step_between_ms
+    server = clocks.real_ms
+    clocks.advance(1)
+    return ServerTime(sent, server, clock.local_ms())
+
+
+@pytest.mark.parametrize("step_ms", [30_000.0, -30_000.0])
+def test_a_heartbeat_sample_taken_before_a_step_but_added_after_it_changes_nothing(
+    step_ms: float,
+) -> None:
+    """The heartbeat reads the clock, awaits the server, and adds its sample later; meanwhile
+    the timer may read the clock after a step. The sample must still agree with the rest."""
+    clocks, clock = synced()
+    sample = _sample(clocks, clock)
+    clocks.wall_offset_ms += step_ms
+    assert abs(clock.now_ms() - clocks.real_ms) < 5  # the timer sees the step first
+    clock.estimator.add(sample)
+    assert len(clock.estimator.samples) == 4
+    assert abs(clock.now_ms() - clocks.real_ms) < 5
+    assert abs(clock.offset_ms + step_ms) < 5
+
+
+@pytest.mark.parametrize("step_ms", [30_000.0, -30_000.0])
+def test_a_step_during_a_heartbeat_round_trip_leaves_a_sound_sample(step_ms: float) -> None:
+    clocks, clock = synced()
+    sample = _sample(clocks, clock, step_between_ms=step_ms)
+    assert 0 <= sample.received_ms - sample.sent_ms < 5
+    clock.estimator.add(sample)
+    assert abs(clock.now_ms() - clocks.real_ms) < 5
+    assert abs(clock.offset_ms + step_ms) < 5
+
+
+def test_setting_a_skewed_clock_right_makes_the_skew_go_at_once() -> None:
+    clocks = Clocks()
+    clocks.wall_offset_ms = -5_000  # started 5 s behind: not ready
+    clock = Clock(clocks.wall, clocks.monotonic)
+    clock.estimator.add(_sample(clocks, clock))
+    assert abs(clock.offset_ms - 5_000) < 5
+    clocks.wall_offset_ms = 0  # NTP steps it right
+    assert abs(clock.offset_ms) < 5
+    assert abs(clock.now_ms() - clocks.real_ms) < 5
+
+
+def test_a_suspended_host_is_behind_until_the_next_heartbeat_then_right() -> None:
+    """Suspend stops the monotonic clock but not the wall clock, which looks like a step
+    forward: server time lags (never early) and the skew says not ready until the next sample
+    re-measures the offset."""
+    clocks, clock = synced()
+    clocks.real_ms += 60_000
+    clocks.suspended_ms += 60_000
+    assert clock.now_ms() < clocks.real_ms
+    assert abs(clock.offset_ms) > 1_000
+    clock.estimator.add(_sample(clocks, clock))
+    assert abs(clock.now_ms() - clocks.real_ms) < 5
+    assert abs(clock.offset_ms) < 5
