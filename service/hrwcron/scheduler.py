@@ -20,7 +20,7 @@ from typing import Any
 
 import xxhash
 
-from . import __version__
+from . import __version__, hrw
 from .clock import Clock
 from .errors import ConflictError, DuplicateNodeError, HrwcronError, NotFoundError, Problem
 from .failpoints import Failpoints
@@ -143,6 +143,7 @@ class Scheduler:
         self.fatal: HrwcronError | None = None
         self.failed = asyncio.Event()  # set with ``fatal``: the process should exit
         self._owned_dirty = asyncio.Event()
+        self._awaiting_turn: set[str] = set()  # due ticks waiting for a later failover turn
         self._was_ready: bool | None = None
         self._candidates: list[Candidate] = []
 
@@ -187,6 +188,13 @@ class Scheduler:
         if candidates != self._candidates:
             self._candidates = candidates
             self._owned_dirty.set()
+            # A member left or stopped being ready: ticks waiting for a later failover turn
+            # may now be ours to fire, so look at them again instead of at their old turn.
+            for name in list(self._awaiting_turn):
+                waiting = self.jobs.get(name)
+                if waiting is not None and not waiting.busy:
+                    self._push(waiting, 0)
+            self._awaiting_turn.clear()
             self._observer.membership([c.node for c in candidates], 0)
             log.info("live members: %s", ", ".join(c.node for c in candidates) or "none")
 
@@ -230,13 +238,14 @@ class Scheduler:
 
     async def _beat(self, first: bool = False) -> None:
         """Write the heartbeat and learn the clock offset from the server's timestamp of it."""
-        sent = self.clock.local_ms()
         if first:
+            # Registering may wait for a previous holder's key to expire: far too long a round
+            # trip for a clock sample, so the sample comes from an ordinary beat right after.
             self._revision = await self._members.register(
                 self.node, self._heartbeat(), wait=self.settings.member_ttl + 1
             )
-        else:
-            self._revision = await self._members.beat(self.node, self._heartbeat(), self._revision)
+        sent = self.clock.local_ms()
+        self._revision = await self._members.beat(self.node, self._heartbeat(), self._revision)
         received = self.clock.local_ms()
         stored = await self._members.stored_at(self._revision)
         if stored is not None:
@@ -392,12 +401,17 @@ class Scheduler:
             if self._heap:
                 delay = (self._heap[0].at_ms - self.clock.now_ms()) / 1000
             if delay > 0:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # that races with the event being set, and the loop would never stop.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=min(delay, 3600.0))
+                    async with asyncio.timeout(min(delay, 3600.0)):
+                        await self._wakeup.wait()
                 continue
             now = self.clock.now_ms()
             batch = 0
-            while self._heap and self._heap[0].at_ms <= now and batch < 2000:
+            # Small batches: the claims of the first due ticks go out while the rest of a
+            # top-of-the-minute herd is still being evaluated.
+            while self._heap and self._heap[0].at_ms <= now and batch < 100:
                 wake = heapq.heappop(self._heap)
                 job = self.jobs.get(wake.name)
                 if job is not None and job.entry == wake.entry and not job.busy:
@@ -430,8 +444,11 @@ class Scheduler:
         fire = due + job.jitter_ms
         wake = next_wake(now, fire, rank, int(self.settings.failover_step * 1000))
         if wake is not None:
+            if now >= fire:
+                self._awaiting_turn.add(job.spec.name)
             self._push(job, wake)
             return
+        self._awaiting_turn.discard(job.spec.name)
         job.busy = True
         self._spawn_act(job, due, rank)
 
@@ -486,6 +503,7 @@ class Scheduler:
             log.warning("tick %s: %s", TickId(job.spec.name, due).key, outcome)
         job.acted = False
         job.claim_seen = None
+        self._awaiting_turn.discard(job.spec.name)
         job.due = job.schedule.next_after(due)
         self._collapse(job)
         self._push(job, job.due + job.jitter_ms)
@@ -681,13 +699,14 @@ class Scheduler:
         self._beat_ok = self.clock.monotonic()
         self.view.replace_all(await self._members.snapshot())
         self._view_ok = self.clock.monotonic()
-        self._spawn(self._follow_triggers(), "trigger-feed")
-        await _wait_event(self._triggers_loaded, 30, "trigger history")
-        self._spawn(self._watch_jobs(), "jobs-watch")
-        await _wait_event(self._jobs_loaded, 30, "job list")
+        # Membership first: loading a large job set can outlast the member TTL.
         self._spawn(self._watch_members(), "members-watch")
         self._spawn(self._refresh_loop(), "members-refresh")
         self._spawn(self._heartbeat_loop(), "heartbeat")
+        self._spawn(self._follow_triggers(), "trigger-feed")
+        await _wait_event(self._triggers_loaded, 30, "trigger history")
+        self._spawn(self._watch_jobs(), "jobs-watch")
+        await _wait_event(self._jobs_loaded, 60, "job list")
         self._spawn(self._timer_loop(), "timer")
         self._spawn(self._owned_loop(), "owned-count")
         self._refresh_candidates()
@@ -696,6 +715,9 @@ class Scheduler:
         """Stop claiming, let in-flight publishes finish (bounded), then leave the membership."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self._stopping = True
+        with contextlib.suppress(Exception):
+            # Announce "not ready" at once, so the others stop waiting for this replica's turn.
+            await asyncio.wait_for(self._beat(), timeout=1)
         if self._acts:
             await asyncio.wait(set(self._acts), timeout=max(0.1, timeout - 1))
         for task in list(self._tasks) + list(self._acts):
@@ -710,12 +732,21 @@ class Scheduler:
         while True:
             await self._owned_dirty.wait()
             self._owned_dirty.clear()
+            candidates = self._candidates
+            plain = [c.node for c in candidates] if all(c.weight == 1.0 for c in candidates) else []
             owned = 0
-            for index, job in enumerate(list(self.jobs.values())):
-                order = ranking(job.spec.name, job.spec.tags, self._candidates)
-                owned += bool(order) and order[0] == self.node
-                if index % 2000 == 1999:
-                    await asyncio.sleep(0)
+            jobs = list(self.jobs.values())
+            for start in range(0, len(jobs), 500):
+                chunk = jobs[start : start + 500]
+                untagged = [j.spec.name for j in chunk if not j.spec.tags] if plain else []
+                if untagged:
+                    owned += sum(o == self.node for o in hrw.owners(untagged, plain).values())
+                for job in chunk:
+                    if plain and not job.spec.tags:
+                        continue
+                    order = ranking(job.spec.name, job.spec.tags, candidates)
+                    owned += bool(order) and order[0] == self.node
+                await asyncio.sleep(0)
             self._observer.owned(owned)
             await asyncio.sleep(1.0)  # coalesce bursts of changes into one recount
 

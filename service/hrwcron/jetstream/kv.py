@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from ..errors import ConflictError, DuplicateNodeError
 from ..model import ClaimRecord, Heartbeat, JobSpec, decode_job, encode
@@ -38,6 +38,24 @@ async def conditional_put(
             return None
         raise
     return int(ack.seq)
+
+
+async def create_only(
+    js: JetStreamContext, bucket: str, key: str, value: bytes, ttl: float | None = None
+) -> int | None:
+    """Create ``key`` if it holds no value, also when a delete marker is its last message
+    (then the create is conditional on that marker's sequence). None when a value exists."""
+    revision = await conditional_put(js, bucket, key, value, 0, ttl)
+    if revision is not None:
+        return revision
+    try:
+        last = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
+        return None  # gone again meanwhile: let the caller retry
+    operation = (last.headers or {}).get(KV_OP)
+    if operation not in (KV_DEL, KV_PURGE) or last.seq is None:
+        return None
+    return await conditional_put(js, bucket, key, value, int(last.seq), ttl)
 
 
 async def _entry(kv: KeyValue, key: str) -> KeyValue.Entry | None:
@@ -84,11 +102,12 @@ class JetStreamMembers:
         deadline = loop.time() + wait
         first: int | None = None
         while True:
-            revision = await conditional_put(self._js, self._bucket, node, data, 0, None)
+            revision = await create_only(self._js, self._bucket, node, data)
             if revision is not None:
                 return revision
             entry = await _entry(self._kv, node)
             if entry is None or _deleted(entry):
+                await asyncio.sleep(0.05)  # it changed under us: look again shortly
                 continue
             if first is None:
                 first = entry.revision
@@ -109,7 +128,7 @@ class JetStreamMembers:
         entry = await _entry(self._kv, node)
         if entry is None or _deleted(entry):
             # Our key expired while we could not reach NATS: we are simply back.
-            created = await conditional_put(self._js, self._bucket, node, data, 0, None)
+            created = await create_only(self._js, self._bucket, node, data)
             if created is None:
                 raise ConflictError(f"member key {node!r} reappeared while rejoining")
             return created
@@ -200,9 +219,12 @@ class JetStreamJobs:
         data = encode(spec)
         if last_revision is None:
             return int(await self._kv.put(spec.name, data))
-        revision = await conditional_put(
-            self._js, self._bucket, spec.name, data, last_revision, None
-        )
+        if last_revision == 0:
+            revision = await create_only(self._js, self._bucket, spec.name, data)
+        else:
+            revision = await conditional_put(
+                self._js, self._bucket, spec.name, data, last_revision, None
+            )
         if revision is None:
             raise ConflictError(
                 f"job {spec.name!r} changed since revision {last_revision}: read it again and retry"
@@ -214,7 +236,14 @@ class JetStreamJobs:
     async def delete(self, name: str, last_revision: int | None) -> None:
         try:
             await self._kv.delete(name, last=last_revision)
-        except KeyWrongLastSequenceError:
+        except APIError as exc:
+            # nats-py raises its KeyWrongLastSequenceError only for some server answers; the
+            # server's own code says the same thing.
+            stale = isinstance(exc, KeyWrongLastSequenceError) or (
+                exc.err_code in WRONG_LAST_SEQUENCE
+            )
+            if not stale:
+                raise
             raise ConflictError(
                 f"job {name!r} changed since revision {last_revision}: read it again and retry"
             ) from None
