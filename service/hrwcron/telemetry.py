@@ -337,10 +337,11 @@ class Telemetry:
             ("outcome", *job),
             registry=r,
         )
+        # No job label even with per-job metrics: a histogram per job costs a series per
+        # bucket, and 100,000 jobs would hold millions of series in every replica.
         self.lateness = Histogram(
             "hrwcron_tick_lateness_seconds",
             "From a tick's nominal due instant to the trigger's PubAck (server clock)",
-            job,
             buckets=LATENESS_BUCKETS,
             registry=r,
         )
@@ -471,7 +472,7 @@ class Telemetry:
     ) -> None:
         self.ticks.labels(outcome, *self._job(job)).inc()
         if lateness_ms is not None:
-            self._per_job(self.lateness, job).observe(max(0.0, lateness_ms) / 1000)
+            self.lateness.observe(max(0.0, lateness_ms) / 1000)
         if outcome == "started":
             self.attempts.observe(max(1, attempt))
             self.fired[job] = Fired(due_ms, lateness_ms or 0.0, attempt, self.now_ms())
