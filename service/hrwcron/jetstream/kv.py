@@ -16,6 +16,7 @@ from ..model import ClaimRecord, Heartbeat, JobSpec, decode_job, encode
 from ..ports import JobEvent, MemberRecord
 
 WRONG_LAST_SEQUENCE = (10071, 10164)
+MARKER_REASON = "Nats-Marker-Reason"  # a server-placed TTL or purge marker, not a value
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 
 
@@ -74,6 +75,28 @@ async def _snapshot(kv: KeyValue) -> list[KeyValue.Entry]:
     finally:
         await watcher.stop()
     return entries
+
+
+async def _latest(js: JetStreamContext, bucket: str) -> list[tuple[str, bytes, int]]:
+    """(key, value, revision) of every live key, read without a consumer: the key list from
+    the stream's per-subject state, then each key's last message. A consumer is a proposal to
+    the cluster's meta layer; one per replica per membership refresh piled up faster than a
+    cluster busy re-electing leaders deleted them, until consumer creation was refused
+    (maximum consumers) and every replica's membership view went stale at once."""
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(stream, subjects_filter=f"{prefix}>")
+    found: list[tuple[str, bytes, int]] = []
+    for subject in sorted(info.state.subjects or {}):
+        try:
+            msg = await js.get_last_msg(stream, subject)
+        except NotFoundError:
+            continue  # expired since the listing
+        headers = msg.headers or {}
+        if headers.get(KV_OP) in (KV_DEL, KV_PURGE) or MARKER_REASON in headers:
+            continue
+        found.append((subject[len(prefix) :], msg.data or b"", int(msg.seq or 0)))
+    return found
 
 
 async def _watch(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
@@ -142,10 +165,10 @@ class JetStreamMembers:
 
     async def snapshot(self) -> dict[str, MemberRecord]:
         found: dict[str, MemberRecord] = {}
-        for entry in await _snapshot(self._kv):
-            record = _member(entry)
+        for key, value, revision in await _latest(self._js, self._bucket):
+            record = _member_record(value, revision)
             if record is not None:
-                found[entry.key] = record
+                found[key] = record
         return found
 
     async def watch(self) -> AsyncIterator[tuple[str, MemberRecord | None]]:
@@ -159,11 +182,15 @@ class JetStreamMembers:
 
 
 def _member(entry: KeyValue.Entry) -> MemberRecord | None:
+    return _member_record(entry.value or b"", int(entry.revision or 0))
+
+
+def _member_record(value: bytes, revision: int) -> MemberRecord | None:
     try:
-        heartbeat = msgspec.json.decode(entry.value or b"", type=Heartbeat)
+        heartbeat = msgspec.json.decode(value, type=Heartbeat)
     except msgspec.MsgspecError:
         return None
-    return MemberRecord(heartbeat, int(entry.revision or 0))
+    return MemberRecord(heartbeat, revision)
 
 
 class JetStreamClaims:
