@@ -32,6 +32,7 @@ from .cli_admin import (
     add_trigger,
     next_for_job,
 )
+from .cli_provision import add_provision
 from .cli_run import add_dev, add_run
 from .config import ConfigFileError, config_warnings, load_config, node_id_problem
 from .errors import InvalidInput, Problem
@@ -262,6 +263,7 @@ COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_status,
     add_history,
     add_apply,
+    add_provision,
 )
 
 

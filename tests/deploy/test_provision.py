@@ -1,0 +1,75 @@
+"""`hrwcron provision` against a real nats-server: creates once, verifies after, changes nothing
+that contradicts it, and says so."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import nats
+from nats.js.api import StreamConfig
+
+from harness import NatsServer, free_ports
+
+RESOURCES = [
+    "bucket hrwcron_members",
+    "bucket hrwcron_claims",
+    "bucket hrwcron_jobs",
+    "bucket hrwcron_runs",
+    "stream HRWCRON_TRIGGERS",
+]
+
+
+def provision(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hrwcron", "provision", *extra],
+        env={"PATH": "/usr/bin:/bin", "HRWCRON_NATS_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def test_creates_then_verifies(nats_server: NatsServer) -> None:
+    first = await asyncio.to_thread(provision, nats_server.url)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == RESOURCES
+    assert all(": created (" in line for line in lines), lines
+    assert "subjects hrwcron.trigger.>" in lines[-1]
+    assert "duplicate window 10m" in lines[-1]
+
+    again = await asyncio.to_thread(provision, nats_server.url)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout.replace(": created (", ": exists (")
+
+
+async def test_a_contradicting_stream_is_reported_and_left_alone(nats_server: NatsServer) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="HRWCRON_TRIGGERS", subjects=["elsewhere.>"]))
+        done = await asyncio.to_thread(provision, nats_server.url)
+        assert done.returncode == 1
+        assert done.stdout == ""
+        assert "stream HRWCRON_TRIGGERS has subjects ['elsewhere.>']" in done.stderr
+        assert "hrwcron.trigger.>" in done.stderr
+        info = await js.stream_info("HRWCRON_TRIGGERS")
+        assert info.config.subjects == ["elsewhere.>"]
+    finally:
+        await nc.close()
+
+
+def test_an_unreachable_server_fails_within_the_timeout() -> None:
+    (port,) = free_ports(1)
+    done = provision(f"nats://127.0.0.1:{port}", "--timeout", "1")
+    assert done.returncode == 1
+    assert f"not done after 1 s; is NATS reachable at nats://127.0.0.1:{port}?" in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_bad_timeout_is_a_usage_error() -> None:
+    done = provision("nats://127.0.0.1:4222", "--timeout", "0")
+    assert done.returncode == 2
+    assert "--timeout" in done.stderr and "above 0" in done.stderr
