@@ -68,7 +68,10 @@ class RequestError(InvalidInput):
     """A malformed or refused admin API request."""
 
     def __init__(
-        self, problems: Sequence[Problem] | Problem | str, where: str = "", code: str = "bad_request"
+        self,
+        problems: Sequence[Problem] | Problem | str,
+        where: str = "",
+        code: str = "bad_request",
     ) -> None:
         super().__init__(problems, where)
         self.code = code
