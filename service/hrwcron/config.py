@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from .errors import ConfigError, Problem, ScheduleError
+from .failpoints import ENV as FAILPOINTS_ENV
 from .model import DEFAULT_MAX_PAYLOAD, DEFAULT_SUBJECT_PREFIX, JobSpec
 from .schedule import parse_duration
 
@@ -31,6 +32,8 @@ MASK = "***"
 ENV_PREFIX = "HRWCRON_"
 # Names the config file for commands that take it from the environment; not a setting itself.
 ENV_CONFIG_PATH = "HRWCRON_CONFIG"
+# Read by other parts of the process, not settings: failpoints for fault-injection tests.
+_ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_PATH, FAILPOINTS_ENV})
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 URL_SCHEMES = ("nats", "tls", "ws", "wss")
 
@@ -485,7 +488,7 @@ def _read_jobs(raw: object, c: _Collector) -> list[dict[str, Any]]:
 def _apply_env(values: dict[str, dict[str, Any]], env: Mapping[str, str], c: _Collector) -> None:
     chosen: dict[tuple[str, str], str] = {}
     for var in sorted(env):
-        if not var.startswith(ENV_PREFIX) or var == ENV_CONFIG_PATH:
+        if not var.startswith(ENV_PREFIX) or var in _ENV_NOT_SETTINGS:
             continue
         target = _ENV_NAMES.get(var)
         if target is None:

@@ -117,8 +117,11 @@ class MemoryMembers:
     async def beat(self, node: str, heartbeat: Heartbeat, last_revision: int) -> int:
         revision = self._bucket.update(node, heartbeat, last_revision, self.ttl)
         if revision is None:
-            if self._bucket.live(node) is None:
+            held = self._bucket.live(node)
+            if held is None:
                 return self._bucket.write(node, heartbeat, self.ttl)
+            if held.value.instance == heartbeat.instance:
+                return held.revision  # our previous beat landed but its answer was lost
             raise ConflictError(f"member key {node!r} was written by another replica")
         return revision
 
@@ -129,7 +132,11 @@ class MemoryMembers:
         return {k: MemberRecord(e.value, e.revision) for k, e in self._bucket.items().items()}
 
     async def watch(self) -> AsyncIterator[tuple[str, MemberRecord | None]]:
-        async for key, value, revision in self._bucket.changes():
+        """The current members, then every change (as a KV watch on the server does)."""
+        changes = self._bucket.changes(self._bucket.subscribe())
+        for node, record in (await self.snapshot()).items():
+            yield node, record
+        async for key, value, revision in changes:
             yield key, (MemberRecord(value, revision) if value is not None else None)
 
     async def stored_at(self, revision: int) -> float | None:
@@ -177,12 +184,14 @@ class MemoryTriggers:
     ) -> Published:
         now = time.time() * 1000
         msg_id = headers.get(HEADER_MSG_ID, "")
-        seen = self._ids.get(msg_id)
-        if msg_id and seen and now - seen[1] < self.duplicate_window * 1000:
-            return Published(seen[0], duplicate=True)
+        # nats-server checks the expected sequence before the Msg-Id: a retry that carries a
+        # stale expectation is fenced even when it would also be a duplicate.
         last = self._last.get(subject)
         if (last.seq if last else 0) != expected_last_seq:
             raise FenceConflict(f"{subject}: last sequence is {last.seq if last else 0}")
+        seen = self._ids.get(msg_id)
+        if msg_id and seen and now - seen[1] < self.duplicate_window * 1000:
+            return Published(seen[0], duplicate=True)
         stored = StoredTrigger(len(self.messages) + 1, subject, body, dict(headers), now)
         self.messages.append(stored)
         self._last[subject] = stored

@@ -1,0 +1,432 @@
+"""One contract for the engine's stores, run over the in-memory stores and over JetStream.
+
+The engine's unit tests trust the memory stores to behave like the JetStream adapters on a real
+nats-server; every behaviour the engine relies on (create-only claims, compare-and-set, per-key
+TTL, Msg-Id deduplication, subject-sequence fencing, watch streams) is pinned here for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+import pytest
+
+from harness import NatsServer, wait_for_async
+from hrwcron.errors import ConflictError, DuplicateNodeError
+from hrwcron.jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers
+from hrwcron.jetstream.provision import Layout, provision
+from hrwcron.jetstream.triggers import JetStreamTriggers
+from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.model import ClaimRecord, Heartbeat, JobSpec
+from hrwcron.ports import (
+    HEADER_MSG_ID,
+    HEADER_WATERMARK,
+    ClaimsPort,
+    FenceConflict,
+    JobEvent,
+    JobsPort,
+    LastTrigger,
+    MemberRecord,
+    MembersPort,
+    TriggersPort,
+)
+
+T = TypeVar("T")
+
+MEMBER_TTL = 1.0
+DUPLICATE_WINDOW = 2.0
+# Generous for a loaded machine: an answer the contract expects "at once" arrives well within.
+STEP = 10.0
+
+
+@dataclass
+class Backend:
+    name: str
+    members: MembersPort
+    claims: ClaimsPort
+    triggers: TriggersPort
+    jobs: JobsPort
+    prefix: str
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One server for the module; each test gets its own buckets and stream on it."""
+    server = NatsServer(name="contract", base_dir=Path(tmp_path_factory.mktemp("nats"))).start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+_names = itertools.count()
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        yield Backend(
+            "memory",
+            MemoryMembers(MEMBER_TTL),
+            MemoryClaims(),
+            MemoryTriggers(duplicate_window=DUPLICATE_WINDOW),
+            MemoryJobs(),
+            "ct.trigger",
+        )
+        return
+    server: NatsServer = request.getfixturevalue("shared_server")
+    n = next(_names)
+    layout = Layout(
+        members_bucket=f"ct{n}_members",
+        claims_bucket=f"ct{n}_claims",
+        jobs_bucket=f"ct{n}_jobs",
+        runs_bucket=f"ct{n}_runs",
+        stream=f"CT{n}_TRIGGERS",
+        subject_prefix=f"ct{n}.trigger",
+        member_ttl=MEMBER_TTL,
+        duplicate_window=DUPLICATE_WINDOW,
+    )
+    client = await nats.connect(server.url, connect_timeout=5)
+    try:
+        js = client.jetstream()
+        await provision(js, layout, longest_lateness=DUPLICATE_WINDOW)
+        yield Backend(
+            "jetstream",
+            JetStreamMembers(js, await js.key_value(layout.members_bucket), layout.members_bucket),
+            JetStreamClaims(js, await js.key_value(layout.claims_bucket), layout.claims_bucket),
+            JetStreamTriggers(js, layout.stream, layout.subject_prefix),
+            JetStreamJobs(js, await js.key_value(layout.jobs_bucket), layout.jobs_bucket),
+            layout.subject_prefix,
+        )
+    finally:
+        await client.close()
+
+
+class Stream:
+    """Pulls items from an async iterator one at a time, each with a deadline."""
+
+    def __init__(self, source: AsyncIterator[T]) -> None:
+        self._source = source
+
+    async def next(self, timeout: float = STEP) -> Any:
+        return await asyncio.wait_for(anext(self._source), timeout)
+
+    async def until(self, marker: Any, timeout: float = STEP) -> list[Any]:
+        """Items up to (not including) ``marker``."""
+        found = []
+        while (item := await self.next(timeout)) != marker:
+            found.append(item)
+        return found
+
+    async def close(self) -> None:
+        closer = getattr(self._source, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+def heartbeat(node: str, instance: str = "i1", digest: str = "") -> Heartbeat:
+    return Heartbeat(
+        node=node, instance=instance, started_ms=1, version="test", digest=digest, jobs=0
+    )
+
+
+def claim(node: str, attempt: int = 1) -> ClaimRecord:
+    return ClaimRecord(node=node, instance=f"{node}-i", attempt=attempt, claimed_ms=1)
+
+
+def headers(msg_id: str, watermark: int) -> dict[str, str]:
+    return {HEADER_MSG_ID: msg_id, HEADER_WATERMARK: str(watermark)}
+
+
+# --- claims --------------------------------------------------------------------------------
+
+
+async def test_claim_is_create_only(backend: Backend) -> None:
+    first = await backend.claims.create("job.1000", claim("a"), ttl=60)
+    assert first is not None and first > 0
+    assert await backend.claims.create("job.1000", claim("b"), ttl=60) is None
+    held = await backend.claims.get("job.1000")
+    assert held is not None
+    record, revision = held
+    assert (record.node, revision) == ("a", first)
+    assert await backend.claims.get("job.2000") is None
+
+
+async def test_claim_replace_is_compare_and_set(backend: Backend) -> None:
+    first = await backend.claims.create("job.1000", claim("a"), ttl=60)
+    assert first is not None
+    second = await backend.claims.replace("job.1000", claim("b", 2), first, ttl=60)
+    assert second is not None and second > first
+    # A takeover racing on the revision it read loses: only one of two replicas wins.
+    assert await backend.claims.replace("job.1000", claim("c", 2), first, ttl=60) is None
+    held = await backend.claims.get("job.1000")
+    assert held is not None and (held[0].node, held[0].attempt, held[1]) == ("b", 2, second)
+    assert await backend.claims.replace("job.9999", claim("c"), first, ttl=60) is None
+    assert await backend.claims.get("job.9999") is None
+
+
+async def test_claim_expires_after_its_ttl(backend: Backend) -> None:
+    assert await backend.claims.create("job.1000", claim("a"), ttl=1) is not None
+    assert await backend.claims.create("job.2000", claim("a"), ttl=60) is not None
+    await wait_for_async(
+        lambda: _absent(backend.claims.get("job.1000")), timeout=STEP, message="claim expiry"
+    )
+    # Expired means free again: the next create wins, and the long-lived claim is untouched.
+    assert await backend.claims.create("job.1000", claim("b"), ttl=60) is not None
+    held = await backend.claims.get("job.1000")
+    assert held is not None and held[0].node == "b"
+    assert await backend.claims.get("job.2000") is not None
+
+
+async def test_claim_replace_renews_the_ttl(backend: Backend) -> None:
+    first = await backend.claims.create("job.1000", claim("a"), ttl=1)
+    assert first is not None
+    assert await backend.claims.replace("job.1000", claim("b", 2), first, ttl=60) is not None
+    # Still there after the first TTL has long passed (checked against a fresh 1 s claim).
+    assert await backend.claims.create("job.probe", claim("a"), ttl=1) is not None
+    await wait_for_async(
+        lambda: _absent(backend.claims.get("job.probe")), timeout=STEP, message="probe expiry"
+    )
+    held = await backend.claims.get("job.1000")
+    assert held is not None and held[0].node == "b"
+
+
+async def _absent(pending: Any) -> bool:
+    return await pending is None
+
+
+# --- triggers ------------------------------------------------------------------------------
+
+
+async def test_publish_deduplicates_by_msg_id(backend: Backend) -> None:
+    subject = f"{backend.prefix}.job"
+    first = await backend.triggers.publish(subject, b"{}", headers("job:1000", 1000), 0)
+    assert not first.duplicate and first.seq > 0
+    again = await backend.triggers.publish(subject, b"{}", headers("job:1000", 1000), first.seq)
+    assert again.duplicate and again.seq == first.seq
+    last = await backend.triggers.last(subject)
+    assert last == LastTrigger(first.seq, "job:1000", 1000)
+
+
+async def test_a_retry_with_a_stale_expectation_is_fenced(backend: Backend) -> None:
+    """A retry after an ambiguous timeout carries the expectation of before its first attempt.
+    nats-server checks the expected sequence before the Msg-Id, so the retry is fenced, not
+    reported as a duplicate: the publisher must re-read the subject's last message, which
+    then names this very tick."""
+    subject = f"{backend.prefix}.job"
+    first = await backend.triggers.publish(subject, b"{}", headers("job:1000", 1000), 0)
+    with pytest.raises(FenceConflict):
+        await backend.triggers.publish(subject, b"{}", headers("job:1000", 1000), 0)
+    assert await backend.triggers.last(subject) == LastTrigger(first.seq, "job:1000", 1000)
+
+
+async def test_publish_is_fenced_by_the_subject_sequence(backend: Backend) -> None:
+    subject = f"{backend.prefix}.job"
+    other = f"{backend.prefix}.other"
+    first = await backend.triggers.publish(subject, b"{}", headers("job:1000", 1000), 0)
+    with pytest.raises(FenceConflict):
+        await backend.triggers.publish(subject, b"{}", headers("job:2000", 2000), 0)
+    with pytest.raises(FenceConflict):
+        await backend.triggers.publish(subject, b"{}", headers("job:2000", 2000), first.seq + 7)
+    # Fencing is per subject: another job's first trigger expects 0 whatever the stream holds.
+    side = await backend.triggers.publish(other, b"{}", headers("other:1000", 1000), 0)
+    second = await backend.triggers.publish(subject, b"{}", headers("job:2000", 2000), first.seq)
+    assert side.seq > first.seq and second.seq > side.seq and not second.duplicate
+    assert await backend.triggers.last(subject) == LastTrigger(second.seq, "job:2000", 2000)
+    assert await backend.triggers.last(other) == LastTrigger(side.seq, "other:1000", 1000)
+    assert await backend.triggers.last(f"{backend.prefix}.nothing") is None
+
+
+async def test_msg_id_dedup_lasts_only_the_duplicate_window(backend: Backend) -> None:
+    """Past the duplicate window a replayed Msg-Id is stored again: from then on only the
+    expected sequence stands between a zombie's late publish and a second trigger."""
+    subject = f"{backend.prefix}.job"
+    first = await backend.triggers.publish(subject, b"{}", headers("job:1000", 1000), 0)
+
+    async def stored_again() -> int:
+        again = await backend.triggers.publish(subject, b"{}", headers("job:1000", 1000), first.seq)
+        return 0 if again.duplicate else again.seq  # a duplicate stores nothing: retry
+
+    replayed = await wait_for_async(
+        stored_again, timeout=DUPLICATE_WINDOW * 3 + STEP, message="duplicate window passed"
+    )
+    assert replayed > first.seq
+    with pytest.raises(FenceConflict):
+        await backend.triggers.publish(subject, b"{}", headers("job:1000", 1000), first.seq)
+    assert await backend.triggers.last(subject) == LastTrigger(replayed, "job:1000", 1000)
+
+
+async def test_follow_gives_last_per_subject_then_none_then_live(backend: Backend) -> None:
+    a, b = f"{backend.prefix}.a", f"{backend.prefix}.b"
+    a1 = await backend.triggers.publish(a, b"{}", headers("a:1000", 1000), 0)
+    a2 = await backend.triggers.publish(a, b"{}", headers("a:2000", 2000), a1.seq)
+    b1 = await backend.triggers.publish(b, b"{}", headers("b:1000", 1000), 0)
+    feed = Stream(backend.triggers.follow())
+    try:
+        snapshot = await feed.until(None)
+        assert sorted(snapshot) == [
+            (a, LastTrigger(a2.seq, "a:2000", 2000)),
+            (b, LastTrigger(b1.seq, "b:1000", 1000)),
+        ]
+        b2 = await backend.triggers.publish(b, b"{}", headers("b:2000", 2000), b1.seq)
+        assert await feed.next() == (b, LastTrigger(b2.seq, "b:2000", 2000))
+        # A duplicate stores nothing, so it shows nothing.
+        await backend.triggers.publish(b, b"{}", headers("b:2000", 2000), b2.seq)
+        a3 = await backend.triggers.publish(a, b"{}", headers("a:3000", 3000), a2.seq)
+        assert await feed.next() == (a, LastTrigger(a3.seq, "a:3000", 3000))
+    finally:
+        await feed.close()
+
+
+async def test_follow_on_an_empty_stream_is_loaded_at_once(backend: Backend) -> None:
+    feed = Stream(backend.triggers.follow())
+    try:
+        assert await feed.next() is None
+        first = await backend.triggers.publish(f"{backend.prefix}.a", b"{}", headers("a:1", 1), 0)
+        assert await feed.next() == (f"{backend.prefix}.a", LastTrigger(first.seq, "a:1", 1))
+    finally:
+        await feed.close()
+
+
+# --- members -------------------------------------------------------------------------------
+
+
+async def test_member_register_beat_and_snapshot(backend: Backend) -> None:
+    first = await backend.members.register("n1", heartbeat("n1", digest="d1"), wait=2)
+    second = await backend.members.beat("n1", heartbeat("n1", digest="d2"), first)
+    assert second > first
+    await backend.members.register("n2", heartbeat("n2"), wait=2)
+    members = await backend.members.snapshot()
+    assert set(members) == {"n1", "n2"}
+    assert members["n1"].revision == second and members["n1"].heartbeat.digest == "d2"
+    stored = await backend.members.stored_at(second)
+    assert stored is not None and abs(stored - time.time() * 1000) < 60_000
+
+
+async def test_second_replica_with_the_same_node_id_is_refused(backend: Backend) -> None:
+    await backend.members.register("n1", heartbeat("n1", "first"), wait=2)
+    with pytest.raises(DuplicateNodeError, match="n1"):
+        await backend.members.register("n1", heartbeat("n1", "second"), wait=0.5)
+    members = await backend.members.snapshot()
+    assert members["n1"].heartbeat.instance == "first"
+
+
+async def test_beat_from_another_instance_conflicts(backend: Backend) -> None:
+    mine = await backend.members.register("n1", heartbeat("n1", "first"), wait=2)
+    await backend.members.beat("n1", heartbeat("n1", "first"), mine)
+    with pytest.raises(ConflictError):
+        await backend.members.beat("n1", heartbeat("n1", "intruder"), mine)
+
+
+async def test_beat_after_a_lost_ack_keeps_going(backend: Backend) -> None:
+    """The previous beat landed but its answer was lost: the replica still holds the stale
+    revision. Its own key is not a conflict; it learns the current revision."""
+    mine = await backend.members.register("n1", heartbeat("n1", "first"), wait=2)
+    landed = await backend.members.beat("n1", heartbeat("n1", "first"), mine)
+    current = await backend.members.beat("n1", heartbeat("n1", "first"), mine)
+    assert current >= landed
+    assert await backend.members.beat("n1", heartbeat("n1", "first"), current) > current
+
+
+async def test_member_expires_and_rejoins(backend: Backend) -> None:
+    mine = await backend.members.register("n1", heartbeat("n1"), wait=2)
+
+    async def gone() -> bool:
+        return "n1" not in await backend.members.snapshot()
+
+    await wait_for_async(gone, timeout=STEP, message="member expiry")
+    # A replica cut off past its TTL comes back with its next beat.
+    back = await backend.members.beat("n1", heartbeat("n1"), mine)
+    assert back > mine
+    assert "n1" in await backend.members.snapshot()
+    # Once expired, the node id is free for a new replica too.
+    await wait_for_async(gone, timeout=STEP, message="member expiry")
+    await backend.members.register("n1", heartbeat("n1", "second"), wait=2)
+
+
+async def test_member_watch_sees_changes_and_deregistration(backend: Backend) -> None:
+    first = await backend.members.register("n1", heartbeat("n1"), wait=2)
+    feed = Stream(backend.members.watch())
+    try:
+        # The current members come first (a watch on a server starts with the bucket's state).
+        node, record = await feed.next()
+        assert (node, record.revision) == ("n1", first)
+        second = await backend.members.register("n2", heartbeat("n2"), wait=2)
+        assert await feed.next() == ("n2", MemberRecord(heartbeat("n2"), second))
+        await backend.members.deregister("n1")
+        assert await feed.next() == ("n1", None)
+    finally:
+        await feed.close()
+    assert set(await backend.members.snapshot()) == {"n2"}
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+def spec(name: str, schedule: str = "@every 1s", **kwargs: Any) -> JobSpec:
+    return JobSpec(name=name, schedule=schedule, **kwargs)
+
+
+async def test_job_put_is_compare_and_set(backend: Backend) -> None:
+    first = await backend.jobs.put(spec("j"), 0)
+    with pytest.raises(ConflictError):
+        await backend.jobs.put(spec("j", "@every 2s"), 0)  # create-only
+    second = await backend.jobs.put(spec("j", "@every 2s"), first)
+    with pytest.raises(ConflictError):
+        await backend.jobs.put(spec("j", "@every 3s"), first)  # someone changed it meanwhile
+    event = await backend.jobs.get("j")
+    assert event is not None and event.spec == spec("j", "@every 2s")
+    assert event.revision == second
+    third = await backend.jobs.put(spec("j", "@every 4s"), None)  # unconditional
+    assert third > second
+    assert await backend.jobs.get("missing") is None
+
+
+async def test_job_delete(backend: Backend) -> None:
+    first = await backend.jobs.put(spec("j"), None)
+    await backend.jobs.put(spec("k"), None)
+    with pytest.raises(ConflictError):
+        await backend.jobs.delete("j", first + 100)
+    assert await backend.jobs.get("j") is not None
+    await backend.jobs.delete("j", first)
+    assert await backend.jobs.get("j") is None
+    await backend.jobs.delete("k", None)
+    assert await backend.jobs.snapshot() == {}
+
+
+async def test_job_snapshot(backend: Backend) -> None:
+    one = await backend.jobs.put(spec("a.one"), None)
+    await backend.jobs.put(spec("b"), None)
+    await backend.jobs.delete("b", None)
+    snapshot = await backend.jobs.snapshot()
+    assert set(snapshot) == {"a.one"}
+    assert snapshot["a.one"].spec == spec("a.one") and snapshot["a.one"].revision == one
+
+
+async def test_job_watch_gives_snapshot_then_none_then_changes(backend: Backend) -> None:
+    one = await backend.jobs.put(spec("one"), None)
+    await backend.jobs.put(spec("gone"), None)
+    await backend.jobs.delete("gone", None)
+    feed = Stream(backend.jobs.watch())
+    try:
+        initial = await feed.until(None)
+        live = {e.name: e for e in initial if e.spec is not None}
+        assert set(live) == {"one"} and live["one"].revision == one
+        # Removed jobs may show up as deletions in the initial state, never as jobs.
+        assert all(e.spec is None for e in initial if e.name == "gone")
+        two = await backend.jobs.put(spec("two", paused=True), 0)
+        event: JobEvent = await feed.next()
+        assert (event.name, event.spec, event.revision) == ("two", spec("two", paused=True), two)
+        assert event.written_ms > 0
+        await backend.jobs.delete("one", one)
+        event = await feed.next()
+        assert (event.name, event.spec) == ("one", None)
+    finally:
+        await feed.close()

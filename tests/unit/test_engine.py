@@ -1,0 +1,505 @@
+"""The engine over the in-memory stores: several Scheduler instances in one event loop, sharing
+the stores the way replicas share NATS. The stores are held to the JetStream adapters' behaviour
+by tests/contract, so what holds here holds for the protocol, not just for this double.
+
+Ticks are real seconds (the finest a schedule allows), so each test runs for a few seconds with
+short heartbeat, TTL, failover and lease settings; timing bounds are loose where load can delay
+a replica and exact where the protocol forbids something (acting before one's turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from harness import wait_for_async
+from harness.chaos import Trigger, describe, find_violations, parse_trigger
+from hrwcron import hrw
+from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.model import ClaimRecord, Heartbeat, JobSpec
+from hrwcron.ports import (
+    HEADER_JOB,
+    HEADER_MSG_ID,
+    LastTrigger,
+    MemberRecord,
+    NullObserver,
+    Published,
+)
+from hrwcron.scheduler import Scheduler, Settings
+
+MEMBER_TTL = 0.8
+FAST = Settings(
+    node_id="",
+    heartbeat_interval=0.2,
+    member_ttl=MEMBER_TTL,
+    membership_refresh=0.2,
+    failover_step=0.4,
+    claim_lease=0.5,
+    max_clock_skew=1.0,
+    shutdown_timeout=1.0,
+)
+
+
+def now_ms() -> float:
+    return time.time() * 1000
+
+
+def every_second(name: str, **kwargs: Any) -> JobSpec:
+    return JobSpec(name=name, schedule="@every 1s", **kwargs)
+
+
+@dataclass
+class Outcome:
+    node: str
+    job: str
+    outcome: str
+    due_ms: int
+    rank: int
+    attempt: int
+
+
+@dataclass
+class Recorder(NullObserver):
+    node: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    readiness_log: list[tuple[bool, str]] = field(default_factory=list)
+
+    def outcome(
+        self,
+        job: str,
+        outcome: str,
+        *,
+        due_ms: int,
+        rank: int,
+        attempt: int,
+        lateness_ms: float | None,
+    ) -> None:
+        self.outcomes.append(Outcome(self.node, job, outcome, due_ms, rank, attempt))
+
+    def readiness(self, ready: bool, reason: str) -> None:
+        self.readiness_log.append((ready, reason))
+
+
+class FlakyMembers:
+    """The shared members store as one replica sees it: ``cut`` makes every call fail, as
+    when that replica cannot reach NATS."""
+
+    def __init__(self, inner: MemoryMembers) -> None:
+        self.inner = inner
+        self.cut = False
+
+    def _check(self) -> None:
+        if self.cut:
+            raise ConnectionError("members store unreachable")
+
+    async def register(self, node: str, heartbeat: Heartbeat, wait: float) -> int:
+        self._check()
+        return await self.inner.register(node, heartbeat, wait)
+
+    async def beat(self, node: str, heartbeat: Heartbeat, last_revision: int) -> int:
+        self._check()
+        return await self.inner.beat(node, heartbeat, last_revision)
+
+    async def deregister(self, node: str) -> None:
+        self._check()
+        await self.inner.deregister(node)
+
+    async def snapshot(self) -> dict[str, MemberRecord]:
+        self._check()
+        return await self.inner.snapshot()
+
+    async def watch(self) -> AsyncIterator[tuple[str, MemberRecord | None]]:
+        self._check()
+        async for item in self.inner.watch():
+            self._check()
+            yield item
+
+    async def stored_at(self, revision: int) -> float | None:
+        self._check()
+        return await self.inner.stored_at(revision)
+
+
+class HangingClaims:
+    """Claims as one replica sees them, where creates for ``hung`` jobs never return: the
+    replica is stuck before its claim lands, so the next candidate has to act."""
+
+    def __init__(self, inner: MemoryClaims) -> None:
+        self.inner = inner
+        self.hung: set[str] = set()
+
+    async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
+        if key.rsplit(".", 1)[0] in self.hung:
+            await asyncio.Event().wait()
+        return await self.inner.create(key, record, ttl)
+
+    async def get(self, key: str) -> tuple[ClaimRecord, int] | None:
+        return await self.inner.get(key)
+
+    async def replace(
+        self, key: str, record: ClaimRecord, last_revision: int, ttl: float
+    ) -> int | None:
+        return await self.inner.replace(key, record, last_revision, ttl)
+
+
+class GatedTriggers:
+    """The trigger stream as one replica sees it, where the first publish of each ``held`` job
+    waits for ``gate``: the replica froze after claiming and before publishing, and wakes up
+    when the test opens the gate, with the expectation it had computed before freezing."""
+
+    def __init__(self, inner: MemoryTriggers) -> None:
+        self.inner = inner
+        self.held: set[str] = set()
+        self.frozen: dict[str, int] = {}  # job -> the due it froze on
+        self.gate = asyncio.Event()
+
+    async def publish(
+        self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
+    ) -> Published:
+        job = headers.get(HEADER_JOB, "")
+        if job in self.held:
+            self.held.discard(job)
+            self.frozen[job] = int(headers[HEADER_MSG_ID].rsplit(":", 1)[1])
+            await self.gate.wait()
+        return await self.inner.publish(subject, body, headers, expected_last_seq)
+
+    async def last(self, subject: str) -> LastTrigger | None:
+        return await self.inner.last(subject)
+
+    def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]:
+        return self.inner.follow()
+
+
+@dataclass
+class Replica:
+    scheduler: Scheduler
+    members: FlakyMembers
+    claims: HangingClaims
+    triggers: GatedTriggers
+    recorder: Recorder
+
+
+class Cluster:
+    """Stores shared by every replica started on it, as one NATS account is."""
+
+    def __init__(self, duplicate_window: float = 600.0) -> None:
+        self.members = MemoryMembers(MEMBER_TTL)
+        self.claims = MemoryClaims()
+        self.triggers = MemoryTriggers(duplicate_window)
+        self.jobs = MemoryJobs()
+        self.replicas: dict[str, Replica] = {}
+
+    async def start(self, node: str, **settings: Any) -> Replica:
+        members = FlakyMembers(self.members)
+        claims = HangingClaims(self.claims)
+        triggers = GatedTriggers(self.triggers)
+        recorder = Recorder(node)
+        scheduler = Scheduler(
+            replace(FAST, node_id=node, **settings),
+            members=members,
+            claims=claims,
+            triggers=triggers,
+            jobs=self.jobs,
+            observer=recorder,
+        )
+        await scheduler.start()
+        replica = Replica(scheduler, members, claims, triggers, recorder)
+        self.replicas[node] = replica
+        return replica
+
+    async def start_all(self, nodes: Iterable[str]) -> list[Replica]:
+        started = [await self.start(node) for node in nodes]
+        expected = sorted(self.replicas)
+
+        def agreed() -> bool:
+            return all(
+                [c.node for c in r.scheduler._candidates] == expected
+                for r in self.replicas.values()
+            )
+
+        await wait_for_async(agreed, timeout=10, message=f"every replica sees {expected}")
+        return started
+
+    async def stop(self, node: str) -> None:
+        await self.replicas.pop(node).scheduler.stop()
+
+    async def stop_all(self) -> None:
+        for node in list(self.replicas):
+            with contextlib.suppress(Exception):
+                await self.stop(node)
+
+    async def put(self, *specs: JobSpec) -> float:
+        """Store jobs; returns a time at or after their write."""
+        for spec in specs:
+            await self.jobs.put(spec, None)
+        return now_ms()
+
+    def triggers_log(self) -> list[Trigger]:
+        return [
+            parse_trigger(m.seq, m.subject, m.body, m.headers, m.stored_ms)
+            for m in self.triggers.messages
+        ]
+
+    def of(self, job: str) -> list[Trigger]:
+        return [t for t in self.triggers_log() if t.job == job and t.scheduled]
+
+    async def run_until(self, jobs: Iterable[JobSpec], due_ms: float, timeout: float = 15) -> None:
+        """Wait until every job has fired its tick due at ``due_ms`` (or later)."""
+        names = [j.name for j in jobs]
+
+        def covered() -> bool:
+            newest: dict[str, int] = {}
+            for t in self.triggers_log():
+                if t.scheduled:
+                    newest[t.job] = max(newest.get(t.job, 0), t.due_ms)
+            return all(newest.get(n, 0) >= due_ms for n in names)
+
+        await wait_for_async(covered, timeout=timeout, message=f"ticks due by {due_ms:.0f}")
+
+    def violations(self, jobs: Iterable[JobSpec], window: tuple[float, float]) -> str:
+        return describe(find_violations(self.triggers_log(), jobs, window))
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    cluster = Cluster()
+    try:
+        yield cluster
+    finally:
+        await cluster.stop_all()
+
+
+def second_after(ms: float, seconds: int = 1) -> int:
+    return (int(ms) // 1000 + seconds) * 1000
+
+
+# --- exactly once -----------------------------------------------------------------------------
+
+
+async def test_each_tick_fires_once_across_replicas(cluster: Cluster) -> None:
+    jobs = [every_second(f"job{i:02d}") for i in range(30)]
+    start = await cluster.put(*jobs)
+    await cluster.start_all(["a", "b", "c"])
+    end = second_after(now_ms(), 3)
+    await cluster.run_until(jobs, end)
+    assert cluster.violations(jobs, (start, end)) == ""
+    # The work is shared, and whatever was stored before the first failover step was the
+    # owner's: no other candidate may act that early.
+    assert {t.node for t in cluster.triggers_log()} == {"a", "b", "c"}
+    settled = [t for t in cluster.triggers_log() if t.due_ms >= end - 2000]
+    early = [t for t in settled if t.lateness_ms < FAST.failover_step * 1000]
+    assert early
+    for t in early:
+        assert hrw.rank(t.job, ["a", "b", "c"])[0] == t.node, t
+
+
+async def test_stopped_replica_is_taken_over(cluster: Cluster) -> None:
+    jobs = [every_second(f"job{i:02d}") for i in range(20)]
+    start = await cluster.put(*jobs)
+    await cluster.start_all(["a", "b", "c"])
+    await cluster.run_until(jobs, second_after(now_ms()))
+    owned_by_b = [j for j in jobs if hrw.rank(j.name, ["a", "b", "c"])[0] == "b"]
+    assert owned_by_b, "the test needs b to own some jobs"
+    await cluster.stop("b")
+    stopped = now_ms()
+    end = second_after(stopped, 3)
+    await cluster.run_until(jobs, end)
+    assert cluster.violations(jobs, (start, end)) == ""
+    assert [t for t in cluster.triggers_log() if t.node == "b" and t.stored_ms > stopped] == []
+    for job in owned_by_b:
+        assert {t.node for t in cluster.of(job.name) if t.due_ms > stopped} <= {"a", "c"}
+
+
+async def test_ranks_act_at_fire_plus_rank_steps(cluster: Cluster) -> None:
+    step = FAST.failover_step
+    nodes = ["a", "b", "c"]
+    jobs = [every_second(f"job{i:02d}") for i in range(12)]
+    await cluster.put(*jobs)
+    replicas = {r.scheduler.node: r for r in await cluster.start_all(nodes)}
+    # For each job, hang its owner (rank 1 must act one step late) or its owner and the first
+    # candidate (rank 2 acts two steps late).
+    expected_rank: dict[str, int] = {}
+    for i, job in enumerate(jobs):
+        order = hrw.rank(job.name, nodes)
+        rank = 1 + i % 2
+        for node in order[:rank]:
+            replicas[node].claims.hung.add(job.name)
+        expected_rank[job.name] = rank
+    hung_at = now_ms()
+    end = second_after(hung_at, 3)
+    await cluster.run_until(jobs, end)
+    for job in jobs:
+        rank = expected_rank[job.name]
+        actor = hrw.rank(job.name, nodes)[rank]
+        for t in cluster.of(job.name):
+            if t.due_ms <= hung_at + 1000:
+                continue  # a tick in flight when the hang began
+            assert t.node == actor, (job.name, t)
+            # Never before its turn: the server-stored time is at or after fire + rank*step.
+            assert t.lateness_ms >= rank * step * 1000 - 5, (job.name, rank, t.lateness_ms)
+            # And at its turn, not the next one's.
+            assert t.lateness_ms < (rank + 1) * step * 1000, (job.name, rank, t.lateness_ms)
+    assert cluster.violations(jobs, (second_after(hung_at), end)) == ""
+
+
+async def test_frozen_claim_holder_is_taken_over_and_fenced_when_it_wakes() -> None:
+    """The owner claims a tick and freezes before publishing, for longer than the claim lease
+    and the duplicate window. The next candidate takes the claim over and fires; when the
+    owner wakes and publishes what it had prepared, only the subject-sequence fence is left to
+    stop it, and it does."""
+    cluster = Cluster(duplicate_window=0.3)
+    try:
+        job = every_second("frozen")
+        start = await cluster.put(job)
+        nodes = ["a", "b", "c"]
+        replicas = {r.scheduler.node: r for r in await cluster.start_all(nodes)}
+        owner, successor = hrw.rank(job.name, nodes)[:2]
+        zombie = replicas[owner]
+        zombie.triggers.held.add(job.name)
+        await wait_for_async(
+            lambda: job.name in zombie.triggers.frozen, timeout=10, message="owner froze"
+        )
+        due = zombie.triggers.frozen[job.name]
+        # Let the others fire this tick and the next, well past the duplicate window.
+        await cluster.run_until([job], due + 2000)
+        zombie.triggers.gate.set()
+        await wait_for_async(
+            lambda: any(o.due_ms == due for o in zombie.recorder.outcomes),
+            timeout=10,
+            message="the woken owner resolved its tick",
+        )
+        woke = [o.outcome for o in zombie.recorder.outcomes if o.due_ms == due]
+        assert woke == ["fenced"], woke
+        end = second_after(now_ms(), 1)
+        await cluster.run_until([job], end)
+        assert cluster.violations([job], (start, end)) == ""
+        taken = [t for t in cluster.of(job.name) if t.due_ms == due]
+        assert [(t.node, t.attempt) for t in taken] == [(successor, 2)]
+    finally:
+        await cluster.stop_all()
+
+
+# --- fail closed ------------------------------------------------------------------------------
+
+
+async def test_replica_that_cannot_heartbeat_stops_claiming(cluster: Cluster) -> None:
+    jobs = [every_second(f"job{i:02d}") for i in range(20)]
+    start = await cluster.put(*jobs)
+    replicas = {r.scheduler.node: r for r in await cluster.start_all(["a", "b", "c"])}
+    await cluster.run_until(jobs, second_after(now_ms()))
+    cut = replicas["c"]
+    cut.members.cut = True
+    cut_at = now_ms()
+    await wait_for_async(lambda: not cut.scheduler.ready, timeout=10, message="c reports not ready")
+    assert "heartbeat" in cut.scheduler.not_ready_reason
+    assert cut.recorder.readiness_log[-1][0] is False
+    end = second_after(now_ms(), 3)
+    await cluster.run_until(jobs, end)
+    # Nothing from c once its heartbeat is older than the TTL (it may finish a tick it had
+    # started just before); everything fired by the others, exactly once.
+    late = [t for t in cluster.triggers_log() if t.node == "c" and t.stored_ms > cut_at + 1000]
+    assert late == []
+    assert cluster.violations(jobs, (start, end)) == ""
+    # It comes back when NATS does.
+    cut.members.cut = False
+    await wait_for_async(lambda: cut.scheduler.ready, timeout=10, message="c ready again")
+
+
+# --- catchup, pause, live changes -------------------------------------------------------------
+
+
+async def test_restart_after_outage_catches_up(cluster: Cluster) -> None:
+    all_ticks = every_second("all", catchup="all")
+    latest = every_second("latest", catchup="latest")
+    start = await cluster.put(all_ticks, latest)
+    await cluster.start_all(["a", "b"])
+    await cluster.run_until([all_ticks, latest], second_after(now_ms()))
+    await cluster.stop("a")
+    await cluster.stop("b")
+    last_before = max(t.due_ms for t in cluster.triggers_log())
+    # An outage of every replica, several ticks long.
+    await wait_for_async(
+        lambda: now_ms() > last_before + 3500, timeout=10, message="outage of 3.5 s"
+    )
+    restart = now_ms()
+    await cluster.start("a")
+    end = second_after(now_ms(), 2)
+    await cluster.run_until([all_ticks, latest], end)
+
+    # catchup = "all": every missed tick, once.
+    assert cluster.violations([all_ticks], (start, end)) == ""
+    caught_up = [t.due_ms for t in cluster.of("all") if t.due_ms > last_before]
+    assert caught_up[0] == last_before + 1000
+
+    # catchup = "latest": only the newest missed tick fires, then the schedule goes on.
+    after = [t.due_ms for t in cluster.of("latest") if t.due_ms > last_before]
+    assert after[0] >= int(restart) // 1000 * 1000 - 1000, (after, restart)
+    assert after[0] - last_before >= 3000
+    assert after == list(range(after[0], end + 1, 1000))
+    first = cluster.of("latest")[0].due_ms
+    assert cluster.violations([latest], (first, last_before)) == ""
+    assert cluster.violations([latest], (after[0], end)) == ""
+
+
+async def test_paused_jobs_do_not_fire(cluster: Cluster) -> None:
+    running, paused = every_second("running"), every_second("paused", paused=True)
+    start = await cluster.put(running, paused)
+    await cluster.start_all(["a", "b"])
+    end = second_after(now_ms(), 2)
+    await cluster.run_until([running], end)
+    assert cluster.of("paused") == []
+    assert cluster.violations([running], (start, end)) == ""
+    # Resumed, it fires from then on, not the ticks it skipped while paused.
+    resumed = await cluster.put(every_second("paused"))
+    end = second_after(now_ms(), 2)
+    await cluster.run_until([paused], end)
+    assert min(t.due_ms for t in cluster.of("paused")) > resumed - 50
+    assert cluster.violations([paused], (resumed, end)) == ""
+
+
+async def test_job_added_live_does_not_fire_past_instants(cluster: Cluster) -> None:
+    await cluster.start_all(["a", "b"])
+    # Generous lateness: without the write-time rule its whole window would be "missed".
+    late_starter = JobSpec(name="added", schedule="@every 1s", max_lateness=3600)
+    hourly = JobSpec(name="hourly", schedule="@hourly", max_lateness=3600)
+    added = await cluster.put(late_starter, hourly)
+    end = second_after(now_ms(), 2)
+    await cluster.run_until([late_starter], end)
+    assert min(t.due_ms for t in cluster.of("added")) > added - 50
+    assert cluster.violations([late_starter], (added, end)) == ""
+    assert cluster.of("hourly") == []  # its last instant was before the job existed
+
+
+async def test_manual_trigger_does_not_fence_scheduled_ticks(cluster: Cluster) -> None:
+    job = every_second("manual-ok")
+    start = await cluster.put(job)
+    replicas = await cluster.start_all(["a", "b"])
+    await cluster.run_until([job], second_after(now_ms()))
+    # Fired from the replica that is not the owner, between two ticks, twice with one id.
+    other = next(r for r in replicas if hrw.rank(job.name, ["a", "b"])[0] != r.scheduler.node)
+    # Its due lies ahead of the next scheduled ticks: were it taken as the job's watermark,
+    # those ticks would look done and be fenced off.
+    msg_id, due = f"{job.name}:manual:1", second_after(now_ms(), 3)
+    outcome = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual")
+    assert outcome == "started"
+    again = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual")
+    assert again == "duplicate"
+    end = second_after(now_ms(), 3)
+    await cluster.run_until([job], end)
+    manual = [t for t in cluster.triggers_log() if t.msg_id == msg_id]
+    assert len(manual) == 1 and manual[0].kind == "manual"
+    assert cluster.violations([job], (start, end)) == ""
+    counts = [o.outcome for r in cluster.replicas.values() for o in r.recorder.outcomes]
+    assert "fenced" not in counts
+
+
+async def test_bad_manual_trigger_names_the_job(cluster: Cluster) -> None:
+    replica = await cluster.start("a")
+    with pytest.raises(Exception, match="nope"):
+        await replica.scheduler.publish_unscheduled("nope", "nope:1", 1, "manual")
+    assert cluster.triggers.messages == []
