@@ -39,6 +39,7 @@ from .errors import InvalidInput, Problem
 from .hrw import rank, weighted_rank
 from .model import job_name_problem
 from .schedule import Schedule
+from .ticks import parse_instant
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
@@ -60,17 +61,9 @@ def format_instant(epoch_ms: int) -> str:
 def _instant(text: str) -> int:
     """An ISO-8601 instant with ``Z`` or a UTC offset, as epoch milliseconds."""
     try:
-        dt = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an ISO-8601 instant such as 2026-03-07T12:00:00Z"
-        ) from None
-    if dt.tzinfo is None:
-        # A wall-clock time without a zone names a different instant on every machine.
-        raise argparse.ArgumentTypeError(
-            f"{text!r} has no UTC offset; add 'Z' or an offset such as '+01:00'"
-        )
-    return (dt - _EPOCH) // timedelta(milliseconds=1)
+        return parse_instant(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _count(text: str) -> int:

@@ -15,7 +15,6 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -23,6 +22,7 @@ import msgspec
 from .config import ENV_CONFIG_PATH, Config, load_config, redact_url
 from .errors import HrwcronError, InvalidInput, NatsSetupError, Problem
 from .model import JobSpec, job_name_problem
+from .ticks import format_ms, parse_instant
 
 if TYPE_CHECKING:
     from .admin.client import AdminClient
@@ -92,16 +92,9 @@ def _job_name(text: str) -> str:
 
 def _iso(text: str) -> str:
     try:
-        dt = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an ISO-8601 instant such as 2026-03-07T12:00:00Z"
-        ) from None
-    if dt.tzinfo is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} has no UTC offset; add 'Z' or an offset such as '+01:00'"
-        )
-    return dt.isoformat()
+        return format_ms(parse_instant(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def connection_config(args: argparse.Namespace, fallback: str | None = None) -> Config:

@@ -50,6 +50,21 @@ def format_ms(epoch_ms: int) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
 
 
+def parse_instant(text: str) -> int:
+    """An ISO-8601 instant with ``Z`` or a UTC offset, as epoch milliseconds; ValueError says
+    what is wrong."""
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not an ISO-8601 instant such as 2026-03-07T12:00:00Z"
+        ) from None
+    if dt.tzinfo is None:
+        # A wall-clock time without a zone names a different instant on every machine.
+        raise ValueError(f"{text!r} has no UTC offset; add 'Z' or an offset such as '+01:00'")
+    return to_ms(dt)
+
+
 def to_ms(dt: datetime) -> int:
     if dt.tzinfo is None:
         raise ValueError("naive datetime: give a time zone (aware datetime) or epoch milliseconds")
