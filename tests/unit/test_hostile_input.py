@@ -233,7 +233,7 @@ toml_scalars = st.one_of(
     st.integers(-(2**40), 2**40),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=20),
-    st.sampled_from(["90s", "5m", "-1s", "nats://u:" + SECRET + "@h:4222", "tls://h:1"]),
+    st.sampled_from(["90s", "5m", "-1s", "nats://u:pw@h:4222", "tls://h:1"]),
 )
 toml_values = toml_scalars | st.lists(toml_scalars, max_size=3)
 

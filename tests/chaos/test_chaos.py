@@ -1,0 +1,410 @@
+"""Chaos runs: real replicas and a real 3-node JetStream cluster under combined faults, then
+every tick of the window audited on the trigger stream (missing, duplicated, early by the
+server's clock, late, out of order).
+
+* ``test_bounded_chaos`` (part of ``make test``, fixed seed, about a minute and a half): a script
+  of every process, NATS and network fault, overlapping, with a pause longer than twice the
+  duplicate window among them.
+* two focused clock tests (also in ``make test``): replicas skewed by +/-2 s report not ready and
+  publish nothing while the others fire; wall clocks stepped 30 s either way while running
+  never produce an early or duplicate trigger.
+* ``test_long_chaos`` (``make chaos SEED=... DURATION=...``): random schedules of every fault
+  kind from the seed, hundreds of faults, and a report in ``tests/chaos/reports/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import platform
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+
+from harness import NatsCluster, NatsServer, wait_for_async
+from harness.chaos import ReplicaFleet, now_ms
+from hrwcron.app import Stores, open_stores
+from hrwcron.model import Heartbeat, JobSpec
+
+from .checker import Verdict, check_stream, failover_table, failover_times
+from .faults import (
+    ALL_KINDS,
+    CHURN,
+    GRACEFUL,
+    KILL,
+    NATS_KILL,
+    NATS_LEADER,
+    PARTITION,
+    PARTITION_MODES,
+    PAUSE,
+    ROLLING,
+    STREAM,
+    Schedule,
+    Timings,
+    World,
+    churn,
+    clock_file_env,
+    counts,
+    free_replica,
+    graceful_restart,
+    hold,
+    kill_nats_node,
+    kill_replica,
+    kill_stream_leader,
+    leave_events,
+    nats_free,
+    partition,
+    pause_replica,
+    reap_faketime,
+    rolling_upgrade,
+    write_clock,
+)
+
+BOUNDED_SEED = 7
+# The duplicate window cannot go below 60 s (a replica refuses a stream whose window is shorter
+# than the default job lateness), so the long pauses below outlast it by a real margin.
+BOUNDED = Timings(member_ttl=3.0, claim_lease=2.0, duplicate_window=60.0, max_lateness=15.0)
+LONG = Timings(member_ttl=3.0, claim_lease=2.0, duplicate_window=60.0, max_lateness=20.0)
+REPORTS = Path(__file__).resolve().parent / "reports"
+
+
+def chaos_jobs(t: Timings) -> list[JobSpec]:
+    """Every-second jobs (most ticks per second of run), 6-field cron with seconds, and jittered
+    ones; catch-up ``all`` everywhere, so every due tick of the window must be in the stream."""
+    late = t.max_lateness
+    jobs = [JobSpec(name=f"sec{i:02d}", schedule="@every 1s", max_lateness=late) for i in range(10)]
+    jobs += [
+        JobSpec(name=f"cron.even{i}", schedule="*/2 * * * * *", max_lateness=late) for i in range(3)
+    ]
+    jobs += [
+        JobSpec(name=f"jit{i}", schedule="@every 3s", jitter=0.8, max_lateness=late)
+        for i in range(2)
+    ]
+    return jobs
+
+
+@dataclass
+class Run:
+    world: World
+    stores: Stores
+    jobs: list[JobSpec]
+    start_ms: float
+
+    @property
+    def client(self) -> Client:
+        return self.stores.client
+
+    async def verdict(self, end_ms: float) -> Verdict:
+        return await check_stream(self.client, self.jobs, (self.start_ms, end_ms))
+
+    def explain(self, verdict: Verdict) -> str:
+        faults = "\n".join(
+            f"{dt.datetime.fromtimestamp(f.start_ms / 1000):%T} {f}" for f in self.world.faults
+        )
+        return f"{verdict.table()}\n\nfaults:\n{faults}\n\n{self.world.fleet.dump_logs(60)}"
+
+
+@contextlib.asynccontextmanager
+async def chaos_world(tmp_path: Path, timings: Timings, *, faketime: bool) -> AsyncIterator[Run]:
+    cluster = NatsCluster(3, base_dir=tmp_path / "cluster", no_advertise=True)
+    await asyncio.to_thread(cluster.start)
+    world = World(cluster, tmp_path / "world", timings, faketime=faketime)
+    stores: Stores | None = None
+    try:
+        stores = await open_stores(world.fleet.config())  # R3 buckets and stream, as replicas
+        jobs = chaos_jobs(timings)
+        for job in jobs:
+            # A just-created replicated bucket answers once its stream has elected a leader.
+            await wait_for_async(
+                lambda job=job: stores.jobs.put(job, None),  # type: ignore[misc]
+                timeout=60,
+                interval=0.5,
+                message=f"job {job.name} stored",
+                ignore=(NatsError, TimeoutError),
+            )
+        await asyncio.to_thread(world.start)
+        yield Run(world, stores, jobs, now_ms() + 2_000)
+    finally:
+        if stores is not None:
+            await stores.client.close()
+        world.close()
+        cluster.cleanup()
+
+
+# --- make test: the bounded scenario -----------------------------------------------------------
+
+
+@pytest.mark.cluster
+async def test_bounded_chaos(tmp_path: Path) -> None:
+    rng = random.Random(BOUNDED_SEED)
+    async with chaos_world(tmp_path, BOUNDED, faketime=False) as run:
+        w, t = run.world, BOUNDED
+        schedule = Schedule(w, rng, max_active=3, gap_s=(0.5, 2.0))
+
+        def replica() -> int:
+            return free_replica(w, rng)
+
+        def leader_kill() -> object:
+            nats_free(w)
+            return kill_stream_leader(w, 4.0, STREAM)
+
+        def node_kill() -> object:
+            nats_free(w)
+            return kill_nats_node(w, rng.randrange(3), 3.0)
+
+        await schedule.script(
+            [
+                # Longer than the duplicate window: only fencing stops its stale work.
+                ("long pause", lambda: pause_replica(w, replica(), t.duplicate_window + 5)),
+                ("stall", lambda: partition(w, replica(), "stall", 6.0)),
+                ("stream leader", leader_kill),
+                ("kill -9", lambda: kill_replica(w, replica(), 4.0)),
+                ("drop", lambda: partition(w, replica(), "drop", 5.0)),
+                ("churn", lambda: churn(w, rng, 12.0)),
+                ("slow", lambda: partition(w, replica(), "slow", 5.0, 0.4)),
+                ("half-open", lambda: partition(w, replica(), "half_open", 6.0)),
+                ("short pause", lambda: pause_replica(w, replica(), t.member_ttl + 1)),
+                ("graceful", lambda: graceful_restart(w, replica())),
+                ("NATS node", node_kill),
+                ("rolling upgrade", lambda: rolling_upgrade(w)),
+            ]
+        )
+        await schedule.finish()
+        verdict = await run.verdict(now_ms() - 1_000)
+        print(verdict.table())
+        assert verdict.ok, run.explain(verdict)
+        done = {f.kind for f in w.faults}
+        assert done >= {PAUSE, PARTITION, NATS_LEADER, KILL, CHURN, GRACEFUL, NATS_KILL, ROLLING}
+        modes = {f.detail.split()[0] for f in w.faults if f.kind == PARTITION}
+        assert modes == set(PARTITION_MODES)
+        assert verdict.ticks > 500  # enough ticks that a lost or doubled one would show
+
+
+# --- make test: clocks -------------------------------------------------------------------------
+
+
+def every_second(count: int) -> list[JobSpec]:
+    return [JobSpec(name=f"clk{i:02d}", schedule="@every 1s") for i in range(count)]
+
+
+@contextlib.asynccontextmanager
+async def clock_fleet(
+    server: NatsServer, tmp_path: Path, offsets: list[str | None], jobs: list[JobSpec]
+) -> AsyncIterator[tuple[ReplicaFleet, Stores, list[Path]]]:
+    """Replicas on one server; replica i's wall clock follows a file holding ``offsets[i]``
+    (``None``: no faked clock at all)."""
+    fleet = ReplicaFleet(server.url, len(offsets), tmp_path / "replicas")
+    files = [tmp_path / f"r{i}.faketime" for i in range(len(offsets))]
+    stores = await open_stores(fleet.config())
+    pids: list[int] = []
+    try:
+        for job in jobs:
+            await stores.jobs.put(job, None)
+        for i, offset in enumerate(offsets):
+            env: dict[str, str] = {}
+            if offset is not None:
+                write_clock(files[i], offset)
+                env = clock_file_env(files[i])
+            pids.append(fleet.start(i, env, wait=False).pid)
+        for i in range(len(offsets)):
+            await asyncio.to_thread(fleet.wait_started, i)
+        yield fleet, stores, files
+    finally:
+        fleet.stop_all()
+        reap_faketime(pids)
+        await stores.client.close()
+
+
+async def heartbeats(stores: Stores) -> dict[str, Heartbeat]:
+    return {node: record.heartbeat for node, record in (await stores.members.snapshot()).items()}
+
+
+async def test_a_replica_with_a_skewed_clock_is_not_ready_and_fires_nothing(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    jobs = every_second(8)
+    async with clock_fleet(nats_server, tmp_path, ["+2", "-2", None], jobs) as (
+        fleet,
+        stores,
+        files,
+    ):
+
+        async def skewed_not_ready() -> bool:
+            beats = await heartbeats(stores)
+            return all(
+                node in beats and not beats[node].ready and "clock is" in beats[node].reason
+                for node in ("r0", "r1")
+            )
+
+        await wait_for_async(skewed_not_ready, 30, message="r0 and r1 not ready: clock skew")
+        start = now_ms() + 1_000
+        await hold(6, "ticks while two of three replicas are skewed")
+        verdict = await check_stream(stores.client, jobs, (start, now_ms()))
+        in_window = [t for t in verdict.triggers if t.due_ms >= start]
+        assert verdict.ok, verdict.table() + fleet.dump_logs()
+        assert in_window and {t.node for t in in_window} == {"r2"}
+
+        # Set right while running, r0 becomes ready and takes its share of the jobs.
+        write_clock(files[0], 0)
+        await wait_for_async(
+            lambda: _ready(stores, "r0"), 30, message="r0 ready once its clock is right"
+        )
+        mark = now_ms() + 2_000
+        await hold(4, "ticks with r0 back")
+        verdict = await check_stream(stores.client, jobs, (start, now_ms()))
+        assert verdict.ok, verdict.table() + fleet.dump_logs()
+        assert any(t.node == "r0" and t.due_ms >= mark for t in verdict.triggers)
+        assert not any(t.node == "r1" for t in verdict.triggers)
+
+
+async def next_heartbeat(stores: Stores, node: str) -> None:
+    """Return as soon as ``node`` writes its next heartbeat."""
+    current = (await stores.members.snapshot()).get(node)
+    seen = current.revision if current else 0
+
+    async def watch() -> None:
+        async for key, record in stores.members.watch():
+            if key == node and record is not None and record.revision > seen:
+                return
+
+    await asyncio.wait_for(watch(), 10)
+
+
+async def _ready(stores: Stores, node: str) -> bool:
+    beat = (await heartbeats(stores)).get(node)
+    return beat is not None and beat.ready
+
+
+async def test_a_30s_clock_jump_never_fires_early_or_twice(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    jobs = every_second(16)
+    async with clock_fleet(nats_server, tmp_path, ["+0", "+0", "+0"], jobs) as (
+        fleet,
+        stores,
+        files,
+    ):
+        start = now_ms() + 1_000
+        await hold(2, "ticks before the jumps")
+        for i, offset in ((0, "+30"), (1, "-30"), (2, "+30")):
+            mark = fleet.proc(i).mark()
+            # Just after a heartbeat: the longest wait for the next offset measurement, and
+            # every job has a tick due in between.
+            await next_heartbeat(stores, f"r{i}")
+            write_clock(files[i], offset)
+            fleet.proc(i).wait_for_log(r"not ready.*clock is \d+ ms off", 20, since=mark)
+            await hold(3, f"r{i} 30 s off")
+            write_clock(files[i], 0)
+            fleet.proc(i).wait_for_log(r"ready: claiming", 20, since=mark)
+        end = now_ms()
+        verdict = await check_stream(stores.client, jobs, (start, end))
+        assert verdict.ok, verdict.table() + fleet.dump_logs()
+        assert {t.node for t in verdict.triggers if t.due_ms >= start} == {"r0", "r1", "r2"}
+
+
+# --- make chaos: long random runs --------------------------------------------------------------
+
+
+def write_report(
+    path: Path,
+    *,
+    seed: int,
+    duration: float,
+    run: Run,
+    verdict: Verdict,
+    elapsed: float,
+    errors: list[BaseException],
+) -> None:
+    faults = run.world.faults
+    failovers = failover_times(verdict.triggers, run.jobs, leave_events(faults))
+    quiet = failover_times(verdict.triggers, run.jobs, leave_events(faults, isolated=True))
+    restarts = run.world.restarts
+    worst = verdict.worst_lateness_ms
+    lines = [
+        f"# Chaos run: seed {seed}, {duration:g} s of faults",
+        "",
+        f"Run on {dt.datetime.now(dt.UTC):%Y-%m-%d} ({platform.machine()}, "
+        f"{elapsed / 60:.1f} min wall clock): a 3-node JetStream cluster, "
+        f"{run.world.replicas} replicas plus {run.world.spares} spares that come and go, "
+        f"{len(run.jobs)} jobs (10 every second, 3 six-field cron every 2 s, 2 every 3 s with "
+        f"jitter), max_lateness {LONG.max_lateness:g} s, duplicate_window "
+        f"{LONG.duplicate_window:g} s, member_ttl {LONG.member_ttl:g} s, claim_lease "
+        f"{LONG.claim_lease:g} s. Replay with `make chaos SEED={seed} DURATION={duration:g}`.",
+        "",
+        f"**{len(faults)} faults injected, {verdict.ticks} ticks checked, "
+        f"{len(verdict.violations)} violations; worst lateness "
+        f"{(worst or 0) / 1000:.2f} s.**",
+        "",
+        "## Faults",
+        "",
+        "| fault | count |",
+        "|---|---:|",
+        *(f"| {kind} | {n} |" for kind, n in counts(faults).items()),
+        "",
+        "## Ticks",
+        "",
+        verdict.table(),
+        "",
+        "## Failover",
+        "",
+        "How late the first tick after a fault fired, worst over the jobs the faulted replica "
+        "had just been firing (fire instant to the server's timestamp). All faults:",
+        "",
+        failover_table(failovers),
+        "",
+        "Only faults with no NATS node down within 10 s either side (no election in the way):",
+        "",
+        failover_table(quiet),
+        "",
+        "## Replica starts retried",
+        "",
+        f"{len(restarts)} (re)starts exited before the replica joined and were started again, "
+        "as a supervisor would." + ("" if not restarts else " Last lines of their output:"),
+        "",
+        *(f"- {line}" for line in restarts[:20]),
+        "",
+        "## Harness errors",
+        "",
+        f"{len(errors)} faults could not be carried out as planned.",
+        *(f"- {type(e).__name__}: {str(e).splitlines()[0][:300]}" for e in errors[:20]),
+        "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+@pytest.mark.chaos
+@pytest.mark.cluster
+@pytest.mark.timeout(0)  # bounded below by the requested duration instead
+async def test_long_chaos(tmp_path: Path, chaos_seed: int, chaos_duration: float) -> None:
+    rng = random.Random(chaos_seed)
+    began = now_ms()
+
+    async def scenario() -> None:
+        async with chaos_world(tmp_path, LONG, faketime=True) as run:
+            schedule = Schedule(run.world, rng, ALL_KINDS, max_active=4, gap_s=(0.3, 3.0))
+            await schedule.tour()  # every kind at least once, whatever the duration
+            await schedule.run_for(chaos_duration - (now_ms() - run.start_ms) / 1000)
+            await schedule.finish(raise_errors=False)
+            verdict = await run.verdict(now_ms() - 1_000)
+            name = f"chaos-seed{chaos_seed}-{chaos_duration:g}s.md"
+            write_report(
+                REPORTS / name,
+                seed=chaos_seed,
+                duration=chaos_duration,
+                run=run,
+                verdict=verdict,
+                elapsed=(now_ms() - began) / 1000,
+                errors=schedule.errors,
+            )
+            print((REPORTS / name).read_text())
+            assert verdict.ok, run.explain(verdict)
+            assert not schedule.errors, schedule.errors
+
+    await asyncio.wait_for(scenario(), chaos_duration + 1_200)
