@@ -3,7 +3,7 @@ every tick of the window audited on the trigger stream (missing, duplicated, ear
 server's clock, late, out of order).
 
 * ``test_bounded_chaos`` (part of ``make test``, fixed seed, about a minute and a half): a script
-  of every process, NATS and network fault, overlapping, with a pause longer than twice the
+  of every process, NATS and network fault, overlapping, with a pause longer than the
   duplicate window among them.
 * two focused clock tests (also in ``make test``): replicas skewed by +/-2 s report not ready and
   publish nothing while the others fire; wall clocks stepped 30 s either way while running
