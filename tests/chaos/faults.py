@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,11 +181,12 @@ class World:
         for i in self.core:
             self.fleet.wait_started(i, timeout)
 
-    def _start(self, i: int, *, wait: bool = True, attempts: int = 5) -> None:
+    def _start(self, i: int, *, wait: bool = True, give_up_s: float = 300.0) -> None:
         """Start replica ``i`` like a supervisor would: a start that exits before the replica
         joined (a JetStream request timing out during a NATS leader election, say) is
-        counted in ``restarts`` and tried again."""
-        for attempt in range(attempts):
+        counted in ``restarts`` and tried again, for up to ``give_up_s``."""
+        deadline = time.monotonic() + give_up_s
+        while True:
             proc = self.fleet.start(i, self.replica_env(i), wait=False)
             if self.faketime:
                 self._faketime_pids.add(proc.pid)
@@ -194,7 +196,7 @@ class World:
                 self.fleet.wait_started(i, 90.0)
                 return
             except AssertionError as exc:
-                if proc.running or attempt == attempts - 1:
+                if proc.running or time.monotonic() > deadline:
                     raise
                 self.restarts.append(f"{self.node(i)}: {_last_line(str(exc))}")
                 self._reap()
@@ -345,14 +347,45 @@ async def rolling_upgrade(world: World) -> list[Fault]:
     return steps
 
 
+def streams_current(cluster: NatsCluster) -> bool:
+    """Every stream has a leader, and in that leader's own view (followers do not track one
+    another) all its replicas are current."""
+    leaders: dict[str, str] = {}
+    confirmed: set[str] = set()
+    for i in cluster.running():
+        try:
+            view = cluster.servers[i].jsz(accounts=True, streams=True)
+        except Exception:
+            return False
+        for account in view.get("account_details") or []:
+            for stream in account.get("stream_detail") or []:
+                info = stream.get("cluster") or {}
+                leader = info.get("leader") or ""
+                if not leader:
+                    return False
+                leaders[stream["name"]] = leader
+                replicas = info.get("replicas") or []
+                if leader == cluster.names[i] and all(r.get("current") for r in replicas):
+                    confirmed.add(stream["name"])
+    return bool(leaders) and set(leaders) == confirmed
+
+
 async def kill_nats_node(world: World, j: int, down_s: float, *, kind: str = NATS_KILL) -> Fault:
     """SIGKILL NATS node ``j`` (replicas connected to it fail over to the others), restart it
-    after ``down_s`` on the same ports and store, and wait until the cluster has re-formed."""
+    after ``down_s`` on the same ports and store, and wait until every stream's replicas are
+    current again: a node that is up but still catching up does not count towards the majority
+    the next NATS fault must leave standing."""
     name = world.cluster.names[j]
     async with world.holding(kind, name, f"down {down_s:.1f} s") as fault:
         await _run(world.cluster.kill, j)
         await hold(down_s, f"{name} down")
         await _run(world.cluster.restart, j)
+        await wait_for_async(
+            lambda: _run(streams_current, world.cluster),
+            timeout=120,
+            interval=0.5,
+            message=f"every stream current after {name} restarted",
+        )
     return fault
 
 
@@ -637,5 +670,6 @@ __all__ = [
     "reap_faketime",
     "rolling_upgrade",
     "skew_clock",
+    "streams_current",
     "write_clock",
 ]
