@@ -9,6 +9,7 @@ publish, is what keeps a job's triggers in due order and a zombie from overtakin
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import itertools
@@ -87,14 +88,13 @@ class _Job:
     acted: bool = False
     claim_seen: tuple[int, float] | None = None
     owner: str | None = None
+    order: list[str] = field(default_factory=list)  # ranking under ``order_generation``
+    order_generation: int = -1
 
 
-@dataclass(order=True)
-class _Wake:
-    at_ms: float
-    seq: int
-    name: str = field(compare=False)
-    entry: int = field(compare=False)
+# A heap entry: (wake at ms, push sequence, job name, the job's entry generation). A plain
+# tuple compares in C, which matters when a top-of-the-minute herd is popped at once.
+_Wake = tuple[float, int, str, int]
 
 
 class Scheduler:
@@ -129,7 +129,9 @@ class Scheduler:
         self._heap: list[_Wake] = []
         self._seq = itertools.count()
         self._wakeup = asyncio.Event()
-        self._slots = asyncio.Semaphore(settings.max_in_flight)
+        # Acts beyond max_in_flight wait here. Not an asyncio.Semaphore: its wake-up scans
+        # every waiter, which goes quadratic when a herd of thousands of ticks queues up.
+        self._queued_acts: collections.deque[tuple[_Job, int, int, int]] = collections.deque()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._acts: set[asyncio.Task[Any]] = set()
         self._digest = 0
@@ -146,6 +148,7 @@ class Scheduler:
         self._awaiting_turn: set[str] = set()  # due ticks waiting for a later failover turn
         self._was_ready: bool | None = None
         self._candidates: list[Candidate] = []
+        self._generation = 0  # bumped whenever the candidates change
 
     # ----------------------------------------------------------------- readiness and members
 
@@ -187,6 +190,7 @@ class Scheduler:
         candidates = self.view.candidates(ready, self.settings.weight, list(self.settings.tags))
         if candidates != self._candidates:
             self._candidates = candidates
+            self._generation += 1
             self._owned_dirty.set()
             # A member left or stopped being ready: ticks waiting for a later failover turn
             # may now be ours to fire, so look at them again instead of at their old turn.
@@ -390,8 +394,8 @@ class Scheduler:
 
     def _push(self, job: _Job, at_ms: float) -> None:
         job.entry += 1
-        heapq.heappush(self._heap, _Wake(at_ms, next(self._seq), job.spec.name, job.entry))
-        if self._heap[0].at_ms == at_ms:
+        heapq.heappush(self._heap, (at_ms, next(self._seq), job.spec.name, job.entry))
+        if self._heap[0][0] == at_ms:
             self._wakeup.set()
 
     async def _timer_loop(self) -> None:
@@ -399,7 +403,7 @@ class Scheduler:
             self._wakeup.clear()
             delay = 3600.0
             if self._heap:
-                delay = (self._heap[0].at_ms - self.clock.now_ms()) / 1000
+                delay = (self._heap[0][0] - self.clock.now_ms()) / 1000
             if delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
                 # that races with the event being set, and the loop would never stop.
@@ -408,35 +412,44 @@ class Scheduler:
                         await self._wakeup.wait()
                 continue
             now = self.clock.now_ms()
+            ready = self.ready  # once per batch: it reads the clock and every health sign
             batch = 0
             # Small batches: the claims of the first due ticks go out while the rest of a
             # top-of-the-minute herd is still being evaluated.
-            while self._heap and self._heap[0].at_ms <= now and batch < 100:
-                wake = heapq.heappop(self._heap)
-                job = self.jobs.get(wake.name)
-                if job is not None and job.entry == wake.entry and not job.busy:
-                    self._evaluate(job, now)
+            heap = self._heap
+            while heap and heap[0][0] <= now and batch < 100:
+                _, _, name, entry = heapq.heappop(heap)
+                job = self.jobs.get(name)
+                if job is not None and job.entry == entry and not job.busy:
+                    self._evaluate(job, now, ready)
                 batch += 1
             await asyncio.sleep(0)  # a herd of due ticks must not starve the event loop
 
-    def _evaluate(self, job: _Job, now: float) -> None:
+    def _order(self, job: _Job) -> list[str]:
+        """The job's ranking, computed once per change of the candidates."""
+        if job.order_generation != self._generation:
+            job.order = ranking(job.spec.name, job.spec.tags, self._candidates)
+            job.order_generation = self._generation
+        return job.order
+
+    def _evaluate(self, job: _Job, now: float, ready: bool) -> None:
         due = job.due
         if due is None or self._stopping:
             return
         if self._done(job, due):
             self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
             return
-        order = ranking(job.spec.name, job.spec.tags, self._candidates)
+        order = self._order(job)
         owner = order[0] if order else None
         if owner != job.owner:
             if job.owner is not None:
                 self._observer.owner_changed(job.spec.name, job.owner, owner)
             job.owner = owner
         if now > due + job.spec.max_lateness_ms:
-            counts = owner == self.node or (owner is None and self.ready)
+            counts = owner == self.node or (owner is None and ready)
             self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
             return
-        if not self.ready or self.node not in order:
+        if not ready or self.node not in order:
             # Fail closed: look again when the tick might be done, or our readiness returns.
             self._push(job, min(now + 250, due + job.spec.max_lateness_ms + 1))
             return
@@ -453,22 +466,35 @@ class Scheduler:
         self._spawn_act(job, due, rank)
 
     def _spawn_act(self, job: _Job, due: int, rank: int) -> None:
+        if len(self._acts) >= self.settings.max_in_flight:
+            self._queued_acts.append((job, job.entry, due, rank))
+            return
         task = asyncio.create_task(self._act(job, job.entry, due, rank))
         self._acts.add(task)
-        task.add_done_callback(self._acts.discard)
+        task.add_done_callback(self._act_done)
+
+    def _act_done(self, task: asyncio.Task[Any]) -> None:
+        self._acts.discard(task)
+        if self._stopping:
+            self._queued_acts.clear()
+            return
+        while self._queued_acts and len(self._acts) < self.settings.max_in_flight:
+            job, entry, due, rank = self._queued_acts.popleft()
+            started = asyncio.create_task(self._act(job, entry, due, rank))
+            self._acts.add(started)
+            started.add_done_callback(self._act_done)
 
     async def _act(self, job: _Job, entry: int, due: int, rank: int) -> None:
         outcome, attempt = "error", 0
         tick = TickId(job.spec.name, due)
-        async with self._slots:
-            with self._observer.tick_span(job.spec.name, tick.key, due, rank) as span:
-                try:
-                    outcome, attempt = await self._claim_and_publish(job, tick, rank, span)
-                except Exception as exc:
-                    log.warning("tick %s: %s: %s", tick.key, type(exc).__name__, exc)
-                    span.set("error", str(exc))
-                span.set("outcome", outcome)
-                span.set("attempt", attempt)
+        with self._observer.tick_span(job.spec.name, tick.key, due, rank) as span:
+            try:
+                outcome, attempt = await self._claim_and_publish(job, tick, rank, span)
+            except Exception as exc:
+                log.warning("tick %s: %s: %s", tick.key, type(exc).__name__, exc)
+                span.set("error", str(exc))
+            span.set("outcome", outcome)
+            span.set("attempt", attempt)
         job.busy = False
         if job.entry != entry or self.jobs.get(job.spec.name) is not job:
             return  # the job changed or was removed meanwhile
@@ -610,10 +636,11 @@ class Scheduler:
             if scheduled and last is not None and last.watermark >= due_ms:
                 return "duplicate" if last.msg_id == msg_id else "fenced"
             watermark = due_ms if scheduled else (last.watermark if last else 0)
+            due = format_ms(due_ms)
             headers = {
                 HEADER_MSG_ID: msg_id,
                 HEADER_JOB: job.spec.name,
-                HEADER_DUE: format_ms(due_ms),
+                HEADER_DUE: due,
                 HEADER_WATERMARK: str(watermark),
                 HEADER_KIND: kind,
             }
@@ -625,7 +652,7 @@ class Scheduler:
             }
             with span.child(f"publish {job.subject}", attributes) as publish_span:
                 publish_span.inject(headers)
-                body = self._trigger_body(job, msg_id, due_ms, kind, attempt)
+                body = self._trigger_body(job, msg_id, due_ms, due, kind, attempt)
                 expected = last.seq if last else 0
                 try:
                     ack = await self._triggers.publish(job.subject, body, headers, expected)
@@ -641,12 +668,14 @@ class Scheduler:
             return "duplicate" if ack.duplicate else "started"
         return "lock_busy"
 
-    def _trigger_body(self, job: _Job, msg_id: str, due_ms: int, kind: str, attempt: int) -> bytes:
+    def _trigger_body(
+        self, job: _Job, msg_id: str, due_ms: int, due: str, kind: str, attempt: int
+    ) -> bytes:
         return encode(
             TriggerMessage(
                 job=job.spec.name,
                 tick=msg_id,
-                due=format_ms(due_ms),
+                due=due,
                 due_ms=due_ms,
                 fired_at=format_ms(int(self.clock.now_ms())),
                 node=self.node,

@@ -503,3 +503,35 @@ async def test_bad_manual_trigger_names_the_job(cluster: Cluster) -> None:
     with pytest.raises(Exception, match="nope"):
         await replica.scheduler.publish_unscheduled("nope", "nope:1", 1, "manual")
     assert cluster.triggers.messages == []
+
+
+class SlowCountingClaims(HangingClaims):
+    """Creates that take a little while, counting how many are in flight at once."""
+
+    def __init__(self, inner: MemoryClaims) -> None:
+        super().__init__(inner)
+        self.in_flight = 0
+        self.peak = 0
+
+    async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(0.005)
+            return await self.inner.create(key, record, ttl)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_herd_beyond_max_in_flight_queues_and_every_tick_fires(cluster: Cluster) -> None:
+    jobs = [every_second(f"herd{i:02d}") for i in range(40)]
+    start = await cluster.put(*jobs)
+    replica = await cluster.start("a", max_in_flight=3)
+    counting = SlowCountingClaims(cluster.claims)
+    replica.scheduler._claims = counting
+    end = second_after(now_ms(), 2)
+    await cluster.run_until(jobs, end)
+    assert cluster.violations(jobs, (start, end)) == ""
+    # 40 ticks due at once went through three at a time, and the queue kept all three busy.
+    assert counting.peak == 3
+    assert not replica.scheduler._queued_acts
