@@ -51,6 +51,10 @@ from .view import MembershipView
 
 log = logging.getLogger("hrwcron.scheduler")
 
+# A feed whose messages are already buffered never suspends on its own, so loading 100,000
+# jobs or trigger subjects would hold the event loop for seconds; yield every so often.
+YIELD_EVERY = 200
+
 RESOLVED = frozenset(
     {"started", "duplicate", "already_claimed", "not_owner", "missed", "fenced", "skipped"}
 )
@@ -291,6 +295,7 @@ class Scheduler:
     async def _watch_jobs(self) -> None:
         while True:
             try:
+                applied = 0
                 async for event in self._jobs_store.watch():
                     if event is None:
                         if not self._jobs_loaded.is_set():
@@ -298,6 +303,9 @@ class Scheduler:
                         self._jobs_loaded.set()
                         continue
                     self._apply_job(event)
+                    applied += 1
+                    if applied % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
             except Exception as exc:
                 log.warning("jobs watch stopped (%s); restarting it", exc)
             await asyncio.sleep(self.settings.heartbeat_interval)
@@ -366,6 +374,7 @@ class Scheduler:
     async def _follow_triggers(self) -> None:
         while True:
             try:
+                seen_count = 0
                 async for item in self._triggers.follow():
                     if item is None:
                         self._triggers_loaded.set()
@@ -373,6 +382,9 @@ class Scheduler:
                     subject, seen = item
                     self._remember(subject, seen)
                     self._observer.trigger_seen(subject, seen)
+                    seen_count += 1
+                    if seen_count % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
             except Exception as exc:
                 log.warning("trigger feed stopped (%s); restarting it", exc)
             await asyncio.sleep(self.settings.heartbeat_interval)
