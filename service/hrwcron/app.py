@@ -23,6 +23,7 @@ from .jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers, JetS
 from .jetstream.provision import Layout, provision
 from .jetstream.triggers import JetStreamTriggers
 from .jobsync import apply_diff, diff_jobs
+from .model import DEFAULT_MAX_LATENESS
 from .ports import NullObserver, Observer
 from .scheduler import Scheduler, Settings
 from .status import ReplicaStatus
@@ -91,7 +92,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
         js = client.jetstream()
         shape = layout(config)
         if provision_missing:
-            longest = max([job.max_lateness for job in config.jobs] + [60.0])
+            longest = max([job.max_lateness for job in config.jobs] + [DEFAULT_MAX_LATENESS])
             await provision(js, shape, longest_lateness=longest)
         return Stores(
             client=client,

@@ -25,7 +25,7 @@ import msgspec
 
 from .errors import ConfigError, Problem, ScheduleError
 from .failpoints import ENV as FAILPOINTS_ENV
-from .model import DEFAULT_MAX_PAYLOAD, DEFAULT_SUBJECT_PREFIX, JobSpec
+from .model import DEFAULT_MAX_LATENESS, DEFAULT_MAX_PAYLOAD, DEFAULT_SUBJECT_PREFIX, JobSpec
 from .schedule import parse_duration
 
 MASK = "***"
@@ -800,6 +800,14 @@ def _check_jobs(s: SchedulerConfig, jobs: list[tuple[int, JobSpec]], c: _Collect
         else:
             subjects[subject] = i
     if not c.readable("scheduler.duplicate_window") or s.duplicate_window <= 0:
+        return
+    if s.duplicate_window < DEFAULT_MAX_LATENESS:
+        c.add(
+            "scheduler.duplicate_window",
+            f"is {s.duplicate_window:g} s; it must be at least {DEFAULT_MAX_LATENESS:g} s, the "
+            "max_lateness of a job that names none (replicas refuse a trigger stream whose "
+            "window is shorter)",
+        )
         return
     lateness = [(job.max_lateness, i, job.name) for i, job in jobs]
     if lateness and max(lateness)[0] > s.duplicate_window:

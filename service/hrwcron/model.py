@@ -50,6 +50,11 @@ def subject_problem(subject: str, prefix: str) -> str | None:
     return None
 
 
+# A job's lateness window when it names none. The trigger stream's duplicate window must cover
+# it, or a late publish of such a job could land after its Msg-Id was forgotten.
+DEFAULT_MAX_LATENESS = 60.0
+
+
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     """One schedule. Durations are seconds."""
 
@@ -57,7 +62,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
     schedule: str
     tz: str = "UTC"
     payload: Any = None
-    max_lateness: float = 60.0
+    max_lateness: float = DEFAULT_MAX_LATENESS
     catchup: Catchup = "all"
     jitter: float = 0.0
     paused: bool = False

@@ -308,6 +308,14 @@ def test_lateness_must_fit_the_duplicate_window() -> None:
     assert "jobs[1] (b)" in problem.message
 
 
+def test_duplicate_window_must_cover_the_default_lateness() -> None:
+    # A replica would create a stream with this window that every later replica refuses.
+    (problem,) = problems("[scheduler]\nduplicate_window = '30s'\n").problems
+    assert problem.where == "scheduler.duplicate_window"
+    assert "at least 60 s" in problem.message
+    assert parse("[scheduler]\nduplicate_window = '60s'\n").scheduler.duplicate_window == 60.0
+
+
 def test_jobs_are_checked_against_the_configured_prefix_and_payload_limit() -> None:
     err = problems(
         "[scheduler]\nsubject_prefix = 'acme.cron'\nmax_payload = 16\n"
