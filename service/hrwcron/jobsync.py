@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .model import JobSpec, encode
-from .ports import JobsPort
+from .ports import JobsEditor
 
 
 @dataclass
@@ -28,7 +28,7 @@ class JobDiff:
         )
 
 
-async def diff_jobs(store: JobsPort, specs: Sequence[JobSpec], *, prune: bool) -> JobDiff:
+async def diff_jobs(store: JobsEditor, specs: Sequence[JobSpec], *, prune: bool) -> JobDiff:
     current = await store.snapshot()
     diff = JobDiff()
     wanted = {spec.name: spec for spec in specs}
@@ -48,7 +48,7 @@ async def diff_jobs(store: JobsPort, specs: Sequence[JobSpec], *, prune: bool) -
     return diff
 
 
-async def apply_diff(store: JobsPort, diff: JobDiff) -> None:
+async def apply_diff(store: JobsEditor, diff: JobDiff) -> None:
     """Every write is compare-and-set against what the diff read: a concurrent edit makes the
     apply fail with ConflictError instead of overwriting somebody else's change."""
     for spec in diff.create:

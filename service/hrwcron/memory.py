@@ -289,6 +289,9 @@ class MemoryJobs:
             raise ConflictError(f"job {name!r} changed since revision {last_revision}")
         self._bucket.write(name, None, None)
 
+    async def last_revision(self) -> int:
+        return self._bucket.revision
+
     async def watch(self) -> AsyncIterator[JobEvent | None]:
         changes = self._bucket.changes(self._bucket.subscribe())
         for event in (await self.snapshot()).values():

@@ -76,6 +76,7 @@ class Settings:
     max_in_flight: int = 512
     shutdown_timeout: float = 5.0
     http_address: str = ""
+    jobs_watch_check: float = 10.0
 
 
 @dataclass
@@ -152,6 +153,8 @@ class Scheduler:
         self._awaiting_turn: set[str] = set()  # due ticks waiting for a later failover turn
         self._was_ready: bool | None = None
         self._candidates: list[Candidate] = []
+        self._jobs_revision = 0  # newest jobs-bucket revision the watch delivered
+        self._jobs_watch: asyncio.Task[Any] | None = None
         self._generation = 0  # bumped whenever the candidates change
 
     # ----------------------------------------------------------------- readiness and members
@@ -302,6 +305,7 @@ class Scheduler:
                             log.info("loaded %d jobs", len(self.jobs))
                         self._jobs_loaded.set()
                         continue
+                    self._jobs_revision = max(self._jobs_revision, event.revision)
                     self._apply_job(event)
                     applied += 1
                     if applied % YIELD_EVERY == 0:
@@ -309,6 +313,40 @@ class Scheduler:
             except Exception as exc:
                 log.warning("jobs watch stopped (%s); restarting it", exc)
             await asyncio.sleep(self.settings.heartbeat_interval)
+
+    async def _guard_jobs_watch(self) -> None:
+        """Restart the jobs watch when the bucket moved on and the watch delivered nothing for
+        a whole check interval: a KV watch can fall silent after a server restart, and a
+        replica would then keep firing a deleted job or miss a new one."""
+        stuck_at: int | None = None
+        while True:
+            await asyncio.sleep(self.settings.jobs_watch_check)
+            try:
+                newest = await self._jobs_store.last_revision()
+            except Exception as exc:
+                log.debug("jobs bucket revision unknown: %s", exc)
+                continue
+            seen = self._jobs_revision
+            if newest <= seen:
+                stuck_at = None
+                continue
+            if stuck_at == seen:
+                log.warning(
+                    "jobs watch delivered nothing for %g s while the bucket moved from "
+                    "revision %d to %d; restarting it",
+                    self.settings.jobs_watch_check,
+                    seen,
+                    newest,
+                )
+                self._start_jobs_watch()
+                stuck_at = None
+                continue
+            stuck_at = seen
+
+    def _start_jobs_watch(self) -> None:
+        if self._jobs_watch is not None:
+            self._jobs_watch.cancel()
+        self._jobs_watch = self._spawn(self._watch_jobs(), "jobs-watch")
 
     def _apply_job(self, event: JobEvent) -> None:
         spec = event.spec
@@ -723,10 +761,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------------ lifecycle
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._on_task_done)
+        return task
 
     def _on_task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -746,8 +785,9 @@ class Scheduler:
         self._spawn(self._heartbeat_loop(), "heartbeat")
         self._spawn(self._follow_triggers(), "trigger-feed")
         await _wait_event(self._triggers_loaded, 30, "trigger history")
-        self._spawn(self._watch_jobs(), "jobs-watch")
+        self._start_jobs_watch()
         await _wait_event(self._jobs_loaded, 60, "job list")
+        self._spawn(self._guard_jobs_watch(), "jobs-watch-guard")
         self._spawn(self._timer_loop(), "timer")
         self._spawn(self._owned_loop(), "owned-count")
         self._refresh_candidates()

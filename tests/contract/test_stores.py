@@ -428,5 +428,16 @@ async def test_job_watch_gives_snapshot_then_none_then_changes(backend: Backend)
         await backend.jobs.delete("one", one)
         event = await feed.next()
         assert (event.name, event.spec) == ("one", None)
+        # The bucket's newest revision is the deletion the watch just delivered: what the
+        # engine compares to notice a watch that fell silent.
+        assert await backend.jobs.last_revision() == event.revision > two
     finally:
         await feed.close()
+
+
+async def test_job_last_revision_counts_every_write(backend: Backend) -> None:
+    before = await backend.jobs.last_revision()
+    written = await backend.jobs.put(spec("counted"), None)
+    assert before < written == await backend.jobs.last_revision()
+    await backend.jobs.delete("counted", None)
+    assert await backend.jobs.last_revision() > written

@@ -535,3 +535,45 @@ async def test_a_herd_beyond_max_in_flight_queues_and_every_tick_fires(cluster: 
     # 40 ticks due at once went through three at a time, and the queue kept all three busy.
     assert counting.peak == 3
     assert not replica.scheduler._queued_acts
+
+
+class SilencedJobs:
+    """The jobs bucket as a replica sees it when its first watch falls silent after the
+    initial load, as a KV watch can after a server restart; later watches work."""
+
+    def __init__(self, inner: MemoryJobs) -> None:
+        self.inner = inner
+        self.watches = 0
+
+    async def watch(self) -> AsyncIterator[Any]:
+        self.watches += 1
+        silent = self.watches == 1
+        async for event in self.inner.watch():
+            if event is None or not silent:
+                yield event
+            # a silent watch swallows every change after its initial state
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_silent_jobs_watch_is_restarted(cluster: Cluster) -> None:
+    jobs = SilencedJobs(cluster.jobs)
+    scheduler = Scheduler(
+        replace(FAST, node_id="a", jobs_watch_check=0.2),
+        members=cluster.members,
+        claims=cluster.claims,
+        triggers=cluster.triggers,
+        jobs=jobs,  # type: ignore[arg-type]
+        observer=NullObserver(),
+    )
+    await scheduler.start()
+    try:
+        late = every_second("added-while-silent")
+        await cluster.put(late)
+        await wait_for_async(
+            lambda: late.name in scheduler.jobs, timeout=5, message="the new job reached it"
+        )
+        assert jobs.watches == 2
+    finally:
+        await scheduler.stop()

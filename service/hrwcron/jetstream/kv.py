@@ -275,6 +275,10 @@ class JetStreamJobs:
                 f"job {name!r} changed since revision {last_revision}: read it again and retry"
             ) from None
 
+    async def last_revision(self) -> int:
+        info = await self._js.stream_info(f"KV_{self._bucket}")
+        return int(info.state.last_seq or 0)
+
     async def watch(self) -> AsyncIterator[JobEvent | None]:
         async for entry in _watch(self._kv):
             yield None if entry is None else self._event(entry)
