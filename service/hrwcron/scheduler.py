@@ -299,11 +299,18 @@ class Scheduler:
         while True:
             try:
                 applied = 0
+                # The initial state read after this covers every revision up to here, even
+                # one whose message is gone (a removed delete marker): the guard must not
+                # take that gap for a silent watch.
+                covered = 0
+                with contextlib.suppress(Exception):
+                    covered = await self._jobs_store.last_revision()
                 async for event in self._jobs_store.watch():
                     if event is None:
                         if not self._jobs_loaded.is_set():
                             log.info("loaded %d jobs", len(self.jobs))
                         self._jobs_loaded.set()
+                        self._jobs_revision = max(self._jobs_revision, covered)
                         continue
                     self._jobs_revision = max(self._jobs_revision, event.revision)
                     self._apply_job(event)

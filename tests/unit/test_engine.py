@@ -577,3 +577,46 @@ async def test_a_silent_jobs_watch_is_restarted(cluster: Cluster) -> None:
         assert jobs.watches == 2
     finally:
         await scheduler.stop()
+
+
+class GappedJobs:
+    """A jobs bucket whose newest revision has no message any more (a removed delete
+    marker): the watch can never deliver it."""
+
+    def __init__(self, inner: MemoryJobs) -> None:
+        self.inner = inner
+        self.watches = 0
+        self.revision_reads = 0
+
+    async def last_revision(self) -> int:
+        self.revision_reads += 1
+        return await self.inner.last_revision() + 1
+
+    def watch(self) -> AsyncIterator[Any]:
+        self.watches += 1
+        return self.inner.watch()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_gap_the_watch_cannot_fill_does_not_restart_it(cluster: Cluster) -> None:
+    jobs = GappedJobs(cluster.jobs)
+    await cluster.put(every_second("present"))
+    scheduler = Scheduler(
+        replace(FAST, node_id="a", jobs_watch_check=0.1),
+        members=cluster.members,
+        claims=cluster.claims,
+        triggers=cluster.triggers,
+        jobs=jobs,  # type: ignore[arg-type]
+        observer=NullObserver(),
+    )
+    await scheduler.start()
+    try:
+        await wait_for_async(
+            lambda: jobs.revision_reads > 6, timeout=5, message="six checks by the guard"
+        )
+        assert "present" in scheduler.jobs
+        assert jobs.watches == 1
+    finally:
+        await scheduler.stop()
