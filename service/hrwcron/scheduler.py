@@ -526,7 +526,10 @@ class Scheduler:
         if len(self._acts) >= self.settings.max_in_flight:
             self._queued_acts.append((job, job.entry, due, rank))
             return
-        task = asyncio.create_task(self._act(job, job.entry, due, rank))
+        self._start_act(job, job.entry, due, rank)
+
+    def _start_act(self, job: _Job, entry: int, due: int, rank: int) -> None:
+        task = asyncio.create_task(self._act(job, entry, due, rank))
         self._acts.add(task)
         task.add_done_callback(self._act_done)
 
@@ -536,10 +539,7 @@ class Scheduler:
             self._queued_acts.clear()
             return
         while self._queued_acts and len(self._acts) < self.settings.max_in_flight:
-            job, entry, due, rank = self._queued_acts.popleft()
-            started = asyncio.create_task(self._act(job, entry, due, rank))
-            self._acts.add(started)
-            started.add_done_callback(self._act_done)
+            self._start_act(*self._queued_acts.popleft())
 
     async def _act(self, job: _Job, entry: int, due: int, rank: int) -> None:
         outcome, attempt = "error", 0

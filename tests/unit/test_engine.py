@@ -194,7 +194,8 @@ class Cluster:
         self.jobs = MemoryJobs()
         self.replicas: dict[str, Replica] = {}
 
-    async def start(self, node: str, **settings: Any) -> Replica:
+    async def start(self, node: str, jobs: Any = None, **settings: Any) -> Replica:
+        """Start a replica on the shared stores; ``jobs`` replaces its view of the jobs bucket."""
         members = FlakyMembers(self.members)
         claims = HangingClaims(self.claims)
         triggers = GatedTriggers(self.triggers)
@@ -204,7 +205,7 @@ class Cluster:
             members=members,
             claims=claims,
             triggers=triggers,
-            jobs=self.jobs,
+            jobs=self.jobs if jobs is None else jobs,
             observer=recorder,
         )
         await scheduler.start()
@@ -537,13 +538,20 @@ async def test_a_herd_beyond_max_in_flight_queues_and_every_tick_fires(cluster: 
     assert not replica.scheduler._queued_acts
 
 
-class SilencedJobs:
-    """The jobs bucket as a replica sees it when its first watch falls silent after the
-    initial load, as a KV watch can after a server restart; later watches work."""
+class JobsView:
+    """One replica's view of the shared jobs bucket, counting the watches it opens."""
 
     def __init__(self, inner: MemoryJobs) -> None:
         self.inner = inner
         self.watches = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class SilencedJobs(JobsView):
+    """The jobs bucket as a replica sees it when its first watch falls silent after the
+    initial load, as a KV watch can after a server restart; later watches work."""
 
     async def watch(self) -> AsyncIterator[Any]:
         self.watches += 1
@@ -553,39 +561,24 @@ class SilencedJobs:
                 yield event
             # a silent watch swallows every change after its initial state
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
 
 async def test_a_silent_jobs_watch_is_restarted(cluster: Cluster) -> None:
     jobs = SilencedJobs(cluster.jobs)
-    scheduler = Scheduler(
-        replace(FAST, node_id="a", jobs_watch_check=0.2),
-        members=cluster.members,
-        claims=cluster.claims,
-        triggers=cluster.triggers,
-        jobs=jobs,  # type: ignore[arg-type]
-        observer=NullObserver(),
+    replica = await cluster.start("a", jobs=jobs, jobs_watch_check=0.2)
+    late = every_second("added-while-silent")
+    await cluster.put(late)
+    await wait_for_async(
+        lambda: late.name in replica.scheduler.jobs, timeout=5, message="the new job reached it"
     )
-    await scheduler.start()
-    try:
-        late = every_second("added-while-silent")
-        await cluster.put(late)
-        await wait_for_async(
-            lambda: late.name in scheduler.jobs, timeout=5, message="the new job reached it"
-        )
-        assert jobs.watches == 2
-    finally:
-        await scheduler.stop()
+    assert jobs.watches == 2
 
 
-class GappedJobs:
+class GappedJobs(JobsView):
     """A jobs bucket whose newest revision has no message any more (a removed delete
     marker): the watch can never deliver it."""
 
     def __init__(self, inner: MemoryJobs) -> None:
-        self.inner = inner
-        self.watches = 0
+        super().__init__(inner)
         self.revision_reads = 0
 
     async def last_revision(self) -> int:
@@ -596,27 +589,13 @@ class GappedJobs:
         self.watches += 1
         return self.inner.watch()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
 
 async def test_a_gap_the_watch_cannot_fill_does_not_restart_it(cluster: Cluster) -> None:
     jobs = GappedJobs(cluster.jobs)
     await cluster.put(every_second("present"))
-    scheduler = Scheduler(
-        replace(FAST, node_id="a", jobs_watch_check=0.1),
-        members=cluster.members,
-        claims=cluster.claims,
-        triggers=cluster.triggers,
-        jobs=jobs,  # type: ignore[arg-type]
-        observer=NullObserver(),
+    replica = await cluster.start("a", jobs=jobs, jobs_watch_check=0.1)
+    await wait_for_async(
+        lambda: jobs.revision_reads > 6, timeout=5, message="six checks by the guard"
     )
-    await scheduler.start()
-    try:
-        await wait_for_async(
-            lambda: jobs.revision_reads > 6, timeout=5, message="six checks by the guard"
-        )
-        assert "present" in scheduler.jobs
-        assert jobs.watches == 1
-    finally:
-        await scheduler.stop()
+    assert "present" in replica.scheduler.jobs
+    assert jobs.watches == 1
