@@ -18,8 +18,9 @@ from .config import default_node_id as host_node_id
 from .errors import HrwcronError
 from .failpoints import Failpoints
 from .http import HttpServer
-from .jetstream.connect import connect
+from .jetstream.connect import ConnectionHooks, connect
 from .jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers, JetStreamRuns
+from .jetstream.pipeline import JetStreamPipeline
 from .jetstream.provision import Layout, provision
 from .jetstream.triggers import JetStreamTriggers
 from .jobsync import apply_diff, diff_jobs
@@ -87,7 +88,10 @@ class Stores:
 
 async def open_stores(config: Config, *, provision_missing: bool = True) -> Stores:
     """Connect, check the server, create or verify the buckets and stream, bind the ports."""
-    client = await connect(config.nats)
+    hooks = ConnectionHooks()
+    client = await connect(config.nats, hooks=hooks)
+    pipeline = JetStreamPipeline(client)
+    hooks.disconnected.append(pipeline.connection_lost)
     try:
         js = client.jetstream()
         shape = layout(config)
@@ -100,11 +104,11 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
                 js, await js.key_value(shape.members_bucket), shape.members_bucket
             ),
             claims=JetStreamClaims(
-                js, await js.key_value(shape.claims_bucket), shape.claims_bucket
+                js, await js.key_value(shape.claims_bucket), shape.claims_bucket, pipeline
             ),
             jobs=JetStreamJobs(js, await js.key_value(shape.jobs_bucket), shape.jobs_bucket),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
-            triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix),
+            triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix, pipeline),
         )
     except BaseException:
         await client.close()

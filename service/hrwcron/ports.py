@@ -3,7 +3,8 @@ NATS, Prometheus or OpenTelemetry code, so it runs unchanged over the in-memory 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,6 +26,22 @@ class FenceConflict(Exception):
 
 class StoreUnavailable(Exception):
     """The store did not answer in time; the write may or may not have been applied."""
+
+
+class StoreRefused(Exception):
+    """The store refused a write for a reason retrying it unchanged cannot fix (too large, a
+    limit, a bad subject); not a fence conflict. ``err_code`` is the server's code, if any."""
+
+    def __init__(self, message: str, err_code: int = 0) -> None:
+        super().__init__(message)
+        self.err_code = err_code
+
+
+# One claim write of a batch: (key, record, ttl in seconds).
+ClaimWrite = tuple[str, ClaimRecord, float]
+# One trigger of a batch: (subject, body, headers, expected last subject sequence). The
+# headers dict is the adapter's to extend; the caller does not use it afterwards.
+TriggerWrite = tuple[str, bytes, dict[str, str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +111,12 @@ class MembersPort(Protocol):
 
 class ClaimsPort(Protocol):
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None: ...
+    async def create_many(self, writes: Sequence[ClaimWrite]) -> list[asyncio.Future[int | None]]:
+        """Create-only writes sent together; one future per write, in order: the new revision,
+        None when the key holds a value, or the error of that write alone (StoreUnavailable
+        when its outcome is unknown)."""
+        ...
+
     async def get(self, key: str) -> tuple[ClaimRecord, int] | None: ...
     async def replace(
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
@@ -108,6 +131,11 @@ class TriggersPort(Protocol):
         headers: Mapping[str, str],
         expected_last_seq: int,
     ) -> Published: ...
+    async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
+        """Fenced publishes sent together; one future per trigger, in order, failing with
+        FenceConflict, StoreRefused or StoreUnavailable for that trigger alone."""
+        ...
+
     async def last(self, subject: str) -> LastTrigger | None: ...
     def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]: ...
     async def history(self, subject: str, limit: int) -> list[TriggerRecord]:

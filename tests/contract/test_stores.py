@@ -8,9 +8,12 @@ TTL, Msg-Id deduplication, subject-sequence fencing, watch streams) is pinned he
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
+import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,8 +22,11 @@ import nats
 import pytest
 
 from harness import NatsServer, wait_for_async
+from hrwcron.config import NatsConfig
 from hrwcron.errors import ConflictError, DuplicateNodeError
+from hrwcron.jetstream.connect import ConnectionHooks, connect
 from hrwcron.jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers
+from hrwcron.jetstream.pipeline import JetStreamPipeline
 from hrwcron.jetstream.provision import Layout, provision
 from hrwcron.jetstream.triggers import JetStreamTriggers
 from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
@@ -35,6 +41,8 @@ from hrwcron.ports import (
     LastTrigger,
     MemberRecord,
     MembersPort,
+    Published,
+    StoreUnavailable,
     TriggersPort,
 )
 
@@ -44,6 +52,8 @@ MEMBER_TTL = 1.0
 DUPLICATE_WINDOW = 2.0
 # Generous for a loaded machine: an answer the contract expects "at once" arrives well within.
 STEP = 10.0
+# How long a batched write waits for its answer before it counts as unavailable.
+WRITE_TIMEOUT = 1.0
 
 
 @dataclass
@@ -54,6 +64,8 @@ class Backend:
     triggers: TriggersPort
     jobs: JobsPort
     prefix: str
+    # Makes publishes to a subject go unanswered (a hang), returns that subject.
+    silence: Callable[[], Awaitable[str]]
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +84,20 @@ _names = itertools.count()
 @pytest.fixture(params=["memory", "jetstream"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
+        triggers = MemoryTriggers(duplicate_window=DUPLICATE_WINDOW, timeout=WRITE_TIMEOUT)
+
+        async def silence_memory() -> str:
+            triggers.silenced.add("ct.trigger.silent")
+            return "ct.trigger.silent"
+
         yield Backend(
             "memory",
             MemoryMembers(MEMBER_TTL),
             MemoryClaims(),
-            MemoryTriggers(duplicate_window=DUPLICATE_WINDOW),
+            triggers,
             MemoryJobs(),
             "ct.trigger",
+            silence_memory,
         )
         return
     server: NatsServer = request.getfixturevalue("shared_server")
@@ -94,16 +113,28 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         duplicate_window=DUPLICATE_WINDOW,
     )
     client = await nats.connect(server.url, connect_timeout=5)
+    pipeline = JetStreamPipeline(client, timeout=WRITE_TIMEOUT)
+
+    async def silence_jetstream() -> str:
+        # A subject outside every stream with a listener that never answers: without the
+        # listener the server would answer "no responders" at once.
+        subject = f"ct{n}.silent"
+        await client.subscribe(subject)
+        await client.flush()
+        return subject
+
     try:
         js = client.jetstream()
         await provision(js, layout, longest_lateness=DUPLICATE_WINDOW)
+        claims_kv = await js.key_value(layout.claims_bucket)
         yield Backend(
             "jetstream",
             JetStreamMembers(js, await js.key_value(layout.members_bucket), layout.members_bucket),
-            JetStreamClaims(js, await js.key_value(layout.claims_bucket), layout.claims_bucket),
-            JetStreamTriggers(js, layout.stream, layout.subject_prefix),
+            JetStreamClaims(js, claims_kv, layout.claims_bucket, pipeline),
+            JetStreamTriggers(js, layout.stream, layout.subject_prefix, pipeline),
             JetStreamJobs(js, await js.key_value(layout.jobs_bucket), layout.jobs_bucket),
             layout.subject_prefix,
+            silence_jetstream,
         )
     finally:
         await client.close()
@@ -198,6 +229,25 @@ async def test_claim_replace_renews_the_ttl(backend: Backend) -> None:
     assert held is not None and held[0].node == "b"
 
 
+async def test_claims_created_in_one_batch_are_answered_one_by_one(backend: Backend) -> None:
+    held = await backend.claims.create("job.1000", claim("a"), ttl=60)
+    assert held is not None
+    answers = await backend.claims.create_many(
+        [
+            ("job.1000", claim("b"), 60),  # held already: lost
+            ("job.2000", claim("b"), 60),  # free: won
+            ("job.3000", claim("b"), 60),  # won by the first of two writes in one batch
+            ("job.3000", claim("c"), 60),
+        ]
+    )
+    lost, won, first, second = [await asyncio.wait_for(a, STEP) for a in answers]
+    assert lost is None and second is None
+    assert won is not None and first is not None and held < won < first
+    stored = [await backend.claims.get(k) for k in ("job.1000", "job.2000", "job.3000")]
+    assert [(s[0].node, s[1]) for s in stored if s] == [("a", held), ("b", won), ("b", first)]
+    assert await backend.claims.create_many([]) == []
+
+
 async def _absent(pending: Any) -> bool:
     return await pending is None
 
@@ -242,6 +292,95 @@ async def test_publish_is_fenced_by_the_subject_sequence(backend: Backend) -> No
     assert await backend.triggers.last(subject) == LastTrigger(second.seq, "job:2000", 2000)
     assert await backend.triggers.last(other) == LastTrigger(side.seq, "other:1000", 1000)
     assert await backend.triggers.last(f"{backend.prefix}.nothing") is None
+
+
+async def test_a_batch_of_triggers_resolves_each_publish_on_its_own(backend: Backend) -> None:
+    """Fresh, duplicate and fenced publishes and one that gets no answer, in one batch: each
+    gets its own outcome, and the unanswered one holds up none of the others."""
+    a, b, c = (f"{backend.prefix}.{name}" for name in "abc")
+    a1 = await backend.triggers.publish(a, b"{}", headers("a:1000", 1000), 0)
+    silent = await backend.silence()
+    answers = await backend.triggers.publish_many(
+        [
+            (silent, b"{}", headers("silent:1000", 1000), 0),
+            (b, b"{}", headers("b:1000", 1000), 0),  # fresh
+            (a, b"{}", headers("a:1000", 1000), a1.seq),  # same Msg-Id: a duplicate
+            (c, b"{}", headers("c:1000", 1000), 5),  # wrong expectation: fenced
+            (b, b"{}", headers("b:2000", 2000), 0),  # fenced by the first b of this batch
+        ]
+    )
+    hung, fresh, dup, fenced, fenced_by_batch = answers
+    assert await asyncio.wait_for(dup, STEP) == Published(a1.seq, duplicate=True)
+    stored = await asyncio.wait_for(fresh, STEP)
+    assert not stored.duplicate and stored.seq > a1.seq
+    for future in (fenced, fenced_by_batch):
+        with pytest.raises(FenceConflict):
+            await asyncio.wait_for(future, STEP)
+    assert not hung.done()  # everything else answered while this one still waits
+    with pytest.raises(StoreUnavailable):
+        await asyncio.wait_for(hung, WRITE_TIMEOUT + STEP)
+    assert await backend.triggers.last(b) == LastTrigger(stored.seq, "b:1000", 1000)
+    assert await backend.triggers.last(c) is None
+    assert await backend.triggers.publish_many([]) == []
+
+
+async def test_a_server_restart_in_the_middle_of_a_batch(tmp_path: Path) -> None:
+    """JetStream only: the server is killed while a batch of triggers waits for its answers.
+    Every write of the batch is answered at once when the connection drops (stored or
+    unavailable, none left hanging until the deadline); a batch sent while disconnected is
+    refused without being buffered; after the restart, retrying the unavailable writes with
+    their Msg-Id and expectation stores each trigger exactly once."""
+    server = NatsServer(name="restart", base_dir=tmp_path / "nats").start()
+    hooks = ConnectionHooks()
+    client = await connect(NatsConfig(servers=[server.url]), hooks=hooks)
+    pipeline = JetStreamPipeline(client, timeout=60)  # far longer than the test may wait
+    hooks.disconnected.append(pipeline.connection_lost)
+    try:
+        layout = Layout(stream="RESTART", subject_prefix="rs.trigger", duplicate_window=60)
+        js = client.jetstream()
+        await provision(js, layout, longest_lateness=60)
+        triggers = JetStreamTriggers(js, layout.stream, layout.subject_prefix, pipeline)
+        count = 3000
+
+        def batch(tag: str) -> list[tuple[str, bytes, dict[str, str], int]]:
+            return [
+                (f"rs.trigger.{tag}{i}", b"{}", headers(f"{tag}{i}:1000", 1000), 0)
+                for i in range(count)
+            ]
+
+        answers = await triggers.publish_many(batch("j"))
+        # Killed from inside the stream of answers, once the first few hundred have come.
+        answers[count // 10].add_done_callback(lambda _: os.kill(server.pid, signal.SIGKILL))
+        await wait_for_async(lambda: not server.running, timeout=STEP, message="server killed")
+        server.kill()  # reaps it
+        done, _ = await asyncio.wait(answers, timeout=STEP)
+        assert len(done) == count, "writes left waiting after the connection dropped"
+        stored = [i for i, a in enumerate(answers) if a.exception() is None]
+        ambiguous = [i for i, a in enumerate(answers) if a.exception() is not None]
+        assert all(isinstance(answers[i].exception(), StoreUnavailable) for i in ambiguous)
+        assert ambiguous, "the kill came after every answer: nothing was in flight"
+
+        await wait_for_async(lambda: not client.is_connected, timeout=STEP, message="disconnected")
+        refused = await triggers.publish_many(batch("gone"))
+        assert all(isinstance(a.exception(), StoreUnavailable) for a in refused)
+
+        server.start()
+        await wait_for_async(lambda: client.is_connected, timeout=STEP, message="reconnected")
+        retried = await triggers.publish_many([batch("j")[i] for i in ambiguous])
+        for answer in retried:
+            # Fenced: the first write had landed, the subject's last is this very trigger.
+            with contextlib.suppress(FenceConflict):
+                await asyncio.wait_for(answer, STEP)
+        # Every subject holds its trigger (stored, or fenced because it was), and only one.
+        info = await js.stream_info(layout.stream)
+        assert info.state.messages == count
+        for i in stored[:50] + ambiguous[:50]:
+            last = await triggers.last(f"rs.trigger.j{i}")
+            assert last is not None and last.msg_id == f"j{i}:1000"
+        assert await triggers.last("rs.trigger.gone0") is None
+    finally:
+        await client.close()
+        server.cleanup()
 
 
 async def test_msg_id_dedup_lasts_only_the_duplicate_window(backend: Backend) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats
@@ -17,6 +19,14 @@ log = logging.getLogger("hrwcron.nats")
 MIN_SERVER_VERSION = (2, 11, 0)
 
 
+@dataclass
+class ConnectionHooks:
+    """Called when the connection drops, before reconnecting: writes waiting for an answer
+    on the old connection will never get one."""
+
+    disconnected: list[Callable[[], None]] = field(default_factory=list)
+
+
 def tls_context(options: NatsConfig) -> ssl.SSLContext | None:
     wants_tls = any(s.startswith("tls://") for s in options.servers)
     if not (options.tls_ca or options.tls_cert or wants_tls):
@@ -27,7 +37,9 @@ def tls_context(options: NatsConfig) -> ssl.SSLContext | None:
     return context
 
 
-async def connect(options: NatsConfig, *, name_suffix: str = "") -> Client:
+async def connect(
+    options: NatsConfig, *, name_suffix: str = "", hooks: ConnectionHooks | None = None
+) -> Client:
     """Connect with reconnect-forever and a short ping interval.
 
     ``pending_size=0`` makes the client refuse writes while disconnected instead of buffering
@@ -38,6 +50,11 @@ async def connect(options: NatsConfig, *, name_suffix: str = "") -> Client:
         log.warning("nats: %s", exc)
 
     async def on_disconnected() -> None:
+        for hook in hooks.disconnected if hooks else ():
+            try:
+                hook()
+            except Exception:
+                log.exception("a disconnect hook failed")
         if not (client.is_closed or client.is_draining):
             log.warning("nats: disconnected")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -13,11 +13,12 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from ..errors import ConflictError, DuplicateNodeError
 from ..model import ClaimRecord, Heartbeat, JobSpec, decode_job, encode
-from ..ports import JobEvent, MemberRecord
+from ..ports import ClaimWrite, JobEvent, MemberRecord
+from .pipeline import WRONG_LAST_SEQUENCE, JetStreamPipeline, first, sequence_or_none
 
-WRONG_LAST_SEQUENCE = (10071, 10164)
 MARKER_REASON = "Nats-Marker-Reason"  # a server-placed TTL or purge marker, not a value
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+MSG_TTL = "Nats-TTL"
 
 
 async def conditional_put(
@@ -194,13 +195,31 @@ def _member_record(value: bytes, revision: int) -> MemberRecord | None:
 
 
 class JetStreamClaims:
-    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+    """Claims are conditional writes to the bucket's stream, sent through the pipeline: a
+    create expects the key's last revision to be 0, a takeover the revision it read."""
+
+    def __init__(
+        self, js: JetStreamContext, kv: KeyValue, bucket: str, pipeline: JetStreamPipeline
+    ) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
+        self._pipeline = pipeline
+        self._subject = f"$KV.{bucket}."
+
+    def _write(
+        self, key: str, record: ClaimRecord, last: int, ttl: float
+    ) -> tuple[str, bytes, dict[str, str]]:
+        headers = {EXPECTED_LAST_SUBJECT_SEQ: str(last), MSG_TTL: str(max(1, round(ttl)))}
+        return self._subject + key, encode(record), headers
 
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
-        return await conditional_put(self._js, self._bucket, key, encode(record), 0, ttl)
+        return await first(await self.create_many([(key, record, ttl)]))
+
+    async def create_many(self, writes: Sequence[ClaimWrite]) -> list[asyncio.Future[int | None]]:
+        return await self._pipeline.publish_many(
+            [self._write(key, record, 0, ttl) for key, record, ttl in writes], sequence_or_none
+        )
 
     async def get(self, key: str) -> tuple[ClaimRecord, int] | None:
         entry = await _entry(self._kv, key)
@@ -211,9 +230,8 @@ class JetStreamClaims:
     async def replace(
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
     ) -> int | None:
-        return await conditional_put(
-            self._js, self._bucket, key, encode(record), last_revision, ttl
-        )
+        write = self._write(key, record, last_revision, ttl)
+        return await first(await self._pipeline.publish_many([write], sequence_or_none))
 
 
 class JetStreamJobs:

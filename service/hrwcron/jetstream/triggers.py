@@ -4,13 +4,13 @@ the trigger stream (last message per subject, then live) headers-only."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import NotFoundError
 
 from ..ports import (
     HEADER_MSG_ID,
@@ -19,8 +19,21 @@ from ..ports import (
     LastTrigger,
     Published,
     TriggerRecord,
+    TriggerWrite,
 )
-from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE
+from .kv import EXPECTED_LAST_SUBJECT_SEQ
+from .pipeline import WRONG_LAST_SEQUENCE, JetStreamPipeline, PubAck, first, refused
+
+EXPECTED_STREAM = "Nats-Expected-Stream"
+
+
+def _published(ack: PubAck) -> Published:
+    error = ack.error
+    if error is not None:
+        if error.err_code in WRONG_LAST_SEQUENCE:
+            raise FenceConflict(error.description)
+        raise refused(error)
+    return Published(ack.seq, ack.duplicate)
 
 
 def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
@@ -33,23 +46,29 @@ def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
 
 
 class JetStreamTriggers:
-    def __init__(self, js: JetStreamContext, stream: str, subject_prefix: str) -> None:
+    def __init__(
+        self, js: JetStreamContext, stream: str, subject_prefix: str, pipeline: JetStreamPipeline
+    ) -> None:
         self._js = js
         self._stream = stream
         self._prefix = subject_prefix
+        self._pipeline = pipeline
 
     async def publish(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
     ) -> Published:
-        sent = dict(headers)
-        sent[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_seq)
-        try:
-            ack = await self._js.publish(subject, body, stream=self._stream, headers=sent)
-        except APIError as exc:
-            if exc.err_code in WRONG_LAST_SEQUENCE:
-                raise FenceConflict(str(exc)) from None
-            raise
-        return Published(int(ack.seq), bool(ack.duplicate))
+        return await first(
+            await self.publish_many([(subject, body, dict(headers), expected_last_seq)])
+        )
+
+    async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
+        stream = self._stream
+        messages = []
+        for subject, body, headers, expected in writes:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
+            headers[EXPECTED_STREAM] = stream
+            messages.append((subject, body, headers))
+        return await self._pipeline.publish_many(messages, _published)
 
     async def last(self, subject: str) -> LastTrigger | None:
         try:
