@@ -177,15 +177,34 @@ class TickSpan(Protocol):
     def child(
         self, name: str, attributes: Mapping[str, str | int | float | bool]
     ) -> AbstractContextManager[TickSpan]: ...
+    def start_child(
+        self, name: str, attributes: Mapping[str, str | int | float | bool]
+    ) -> TickSpan:
+        """A child started now and ended by :meth:`end`: a batch interleaves many ticks, so
+        their spans cannot nest as context managers do."""
+        ...
+
+    def end(self) -> None: ...
     def inject(self, headers: dict[str, str]) -> None: ...
 
 
 class Observer(Protocol):
     """Where the engine reports decisions: metrics, logs and traces live behind this."""
 
+    # False: the engine makes no span objects at all.
+    tracing: bool
+
     def tick_span(
         self, job: str, tick_key: str, due_ms: int, rank: int
     ) -> AbstractContextManager[TickSpan]: ...
+    def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
+        """A tick's root span, started now and ended by its ``end``."""
+        ...
+
+    def claim_ops(self, creates: int, reads: int, replaces: int) -> None:
+        """Claim-bucket operations since the last report."""
+        ...
+
     def outcome(
         self,
         job: str,
@@ -217,6 +236,14 @@ class NullSpan:
     ) -> AbstractContextManager[TickSpan]:
         return nullcontext(self)
 
+    def start_child(
+        self, name: str, attributes: Mapping[str, str | int | float | bool]
+    ) -> TickSpan:
+        return self
+
+    def end(self) -> None:
+        return None
+
     def inject(self, headers: dict[str, str]) -> None:
         return None
 
@@ -225,11 +252,18 @@ class NullObserver:
     """Observes nothing; the base for observers that care about a few events only."""
 
     _span = NullSpan()
+    tracing = False
 
     def tick_span(
         self, job: str, tick_key: str, due_ms: int, rank: int
     ) -> AbstractContextManager[TickSpan]:
         return nullcontext(self._span)
+
+    def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
+        return self._span
+
+    def claim_ops(self, creates: int, reads: int, replaces: int) -> None:
+        return None
 
     def outcome(
         self,

@@ -23,18 +23,13 @@ import xxhash
 
 from . import __version__, hrw
 from .clock import Clock
+from .dispatch import Dispatcher, Flight, HeldClaim
 from .errors import ConflictError, DuplicateNodeError, HrwcronError, NotFoundError, Problem
 from .failpoints import Failpoints
-from .model import ClaimRecord, Heartbeat, JobSpec, TriggerMessage, encode
+from .model import Heartbeat, JobSpec, encode
 from .planner import Candidate, collapse_latest, first_due, next_wake, ranking
 from .ports import (
-    HEADER_DUE,
-    HEADER_JOB,
-    HEADER_KIND,
-    HEADER_MSG_ID,
-    HEADER_WATERMARK,
     ClaimsPort,
-    FenceConflict,
     JobEvent,
     JobsPort,
     LastTrigger,
@@ -42,11 +37,11 @@ from .ports import (
     Observer,
     RunsPort,
     ServerTime,
-    TickSpan,
+    StoreUnavailable,
     TriggersPort,
 )
 from .schedule import Schedule, jitter_ms
-from .ticks import TickId, format_ms
+from .ticks import TickId
 from .view import MembershipView
 
 log = logging.getLogger("hrwcron.scheduler")
@@ -54,6 +49,8 @@ log = logging.getLogger("hrwcron.scheduler")
 # A feed whose messages are already buffered never suspends on its own, so loading 100,000
 # jobs or trigger subjects would hold the event loop for seconds; yield every so often.
 YIELD_EVERY = 200
+# Due ticks the timer evaluates before it hands them over and lets the loop run.
+TIMER_BATCH = 256
 
 RESOLVED = frozenset(
     {"started", "duplicate", "already_claimed", "not_owner", "missed", "fenced", "skipped"}
@@ -77,6 +74,8 @@ class Settings:
     shutdown_timeout: float = 5.0
     http_address: str = ""
     jobs_watch_check: float = 10.0
+    # How long a batch of claims or triggers waits for its answers before they count as errors.
+    write_timeout: float = 5.0
 
 
 @dataclass
@@ -91,7 +90,7 @@ class _Job:
     entry: int = 0  # generation of this job's single live heap entry
     busy: bool = False
     acted: bool = False
-    claim_seen: tuple[int, float] | None = None
+    claim_seen: HeldClaim | None = None  # this tick's claim, seen held by another instance
     owner: str | None = None
     order: list[str] = field(default_factory=list)  # ranking under ``order_generation``
     order_generation: int = -1
@@ -134,11 +133,14 @@ class Scheduler:
         self._heap: list[_Wake] = []
         self._seq = itertools.count()
         self._wakeup = asyncio.Event()
-        # Acts beyond max_in_flight wait here. Not an asyncio.Semaphore: its wake-up scans
-        # every waiter, which goes quadratic when a herd of thousands of ticks queues up.
-        self._queued_acts: collections.deque[tuple[_Job, int, int, int]] = collections.deque()
+        # Ticks beyond max_in_flight wait here for a batch to start them.
+        self._queued_acts: collections.deque[Flight] = collections.deque()
+        self._dispatcher = Dispatcher(self)
+        self.tracing = observer.tracing
+        # A claim holder unheard for this long has missed a heartbeat: its claim is taken over.
+        interval = settings.heartbeat_interval
+        self._silence = interval + max(0.25, interval / 4)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._acts: set[asyncio.Task[Any]] = set()
         self._digest = 0
         self._revision = 0
         self._started_ms = 0
@@ -151,6 +153,7 @@ class Scheduler:
         self.failed = asyncio.Event()  # set with ``fatal``: the process should exit
         self._owned_dirty = asyncio.Event()
         self._awaiting_turn: set[str] = set()  # due ticks waiting for a later failover turn
+        self._awaiting_holder: set[str] = set()  # due ticks whose claim another replica holds
         self._was_ready: bool | None = None
         self._candidates: list[Candidate] = []
         self._jobs_revision = 0  # newest jobs-bucket revision the watch delivered
@@ -201,11 +204,13 @@ class Scheduler:
             self._owned_dirty.set()
             # A member left or stopped being ready: ticks waiting for a later failover turn
             # may now be ours to fire, so look at them again instead of at their old turn.
-            for name in list(self._awaiting_turn):
+            # So may ticks whose claim holder just left or stopped being ready.
+            for name in self._awaiting_turn | self._awaiting_holder:
                 waiting = self.jobs.get(name)
                 if waiting is not None and not waiting.busy:
                     self._push(waiting, 0)
             self._awaiting_turn.clear()
+            self._awaiting_holder.clear()
             self._observer.membership([c.node for c in candidates], 0)
             log.info("live members: %s", ", ".join(c.node for c in candidates) or "none")
 
@@ -470,16 +475,19 @@ class Scheduler:
                 continue
             now = self.clock.now_ms()
             ready = self.ready  # once per batch: it reads the clock and every health sign
-            batch = 0
-            # Small batches: the claims of the first due ticks go out while the rest of a
+            popped = 0
+            acts: list[Flight] = []
+            # Bounded batches: the claims of the first due ticks go out while the rest of a
             # top-of-the-minute herd is still being evaluated.
             heap = self._heap
-            while heap and heap[0][0] <= now and batch < 100:
+            while heap and heap[0][0] <= now and popped < TIMER_BATCH:
                 _, _, name, entry = heapq.heappop(heap)
                 job = self.jobs.get(name)
                 if job is not None and job.entry == entry and not job.busy:
-                    self._evaluate(job, now, ready)
-                batch += 1
+                    self._evaluate(job, now, ready, acts)
+                popped += 1
+            if acts:
+                self._dispatcher.submit(acts)
             await asyncio.sleep(0)  # a herd of due ticks must not starve the event loop
 
     def _order(self, job: _Job) -> list[str]:
@@ -489,7 +497,7 @@ class Scheduler:
             job.order_generation = self._generation
         return job.order
 
-    def _evaluate(self, job: _Job, now: float, ready: bool) -> None:
+    def _evaluate(self, job: _Job, now: float, ready: bool, acts: list[Flight]) -> None:
         due = job.due
         if due is None or self._stopping:
             return
@@ -519,53 +527,63 @@ class Scheduler:
             self._push(job, wake)
             return
         self._awaiting_turn.discard(job.spec.name)
+        held = job.claim_seen
+        if held is not None:
+            # Another instance holds this tick's claim: wait for the trigger in the feed or for
+            # the holder to fall silent, without reading the claim again meanwhile.
+            wait_until = self._holder_wait(held)
+            if wait_until is not None:
+                self._awaiting_holder.add(job.spec.name)
+                self._push(job, min(wait_until, due + job.spec.max_lateness_ms + 1))
+                return
+        self._awaiting_holder.discard(job.spec.name)
         job.busy = True
-        self._spawn_act(job, due, rank)
+        acts.append(Flight(job, job.entry, due, rank))
 
-    def _spawn_act(self, job: _Job, due: int, rank: int) -> None:
-        if len(self._acts) >= self.settings.max_in_flight:
-            self._queued_acts.append((job, job.entry, due, rank))
-            return
-        self._start_act(job, job.entry, due, rank)
+    def holder_live(self, node: str, instance: str) -> bool:
+        """Whether a claim holder is live and ready in the membership view: the same instance,
+        ready, and heard from within a heartbeat (plus a margin)."""
+        return self._holder_silent_in(node, instance) > 0
 
-    def _start_act(self, job: _Job, entry: int, due: int, rank: int) -> None:
-        task = asyncio.create_task(self._act(job, entry, due, rank))
-        self._acts.add(task)
-        task.add_done_callback(self._act_done)
+    def _holder_silent_in(self, node: str, instance: str) -> float:
+        heard = self.view.heard(node)
+        if heard is None:
+            return 0.0
+        heartbeat, seen_mono = heard
+        if heartbeat.instance != instance or not heartbeat.ready:
+            return 0.0
+        return seen_mono + self._silence - self.clock.monotonic()
 
-    def _act_done(self, task: asyncio.Task[Any]) -> None:
-        self._acts.discard(task)
-        if self._stopping:
-            self._queued_acts.clear()
-            return
-        while self._queued_acts and len(self._acts) < self.settings.max_in_flight:
-            self._start_act(*self._queued_acts.popleft())
+    def _holder_wait(self, held: HeldClaim) -> float | None:
+        """When to look at a held claim again (server ms), or None to read it now: its
+        holder fell silent, or the claim stayed unchanged for the whole lease."""
+        lease_left = held.seen_mono + self.settings.claim_lease - self.clock.monotonic()
+        silent_in = self._holder_silent_in(held.node, held.instance)
+        if lease_left <= 0 or silent_in <= 0:
+            return None
+        return self.clock.now_ms() + min(lease_left, silent_in) * 1000 + 1
 
-    async def _act(self, job: _Job, entry: int, due: int, rank: int) -> None:
-        outcome, attempt = "error", 0
-        tick = TickId(job.spec.name, due)
-        with self._observer.tick_span(job.spec.name, tick.key, due, rank) as span:
-            try:
-                outcome, attempt = await self._claim_and_publish(job, tick, rank, span)
-            except Exception as exc:
-                log.warning("tick %s: %s: %s", tick.key, type(exc).__name__, exc)
-                span.set("error", str(exc))
-            span.set("outcome", outcome)
-            span.set("attempt", attempt)
+    def _acted(self, flight: Flight) -> None:
+        """A tick's act ended with ``flight.outcome``: resolve it, or look again later."""
+        job = flight.job
         job.busy = False
-        if job.entry != entry or self.jobs.get(job.spec.name) is not job:
+        if job.entry != flight.entry or self.jobs.get(job.spec.name) is not job:
             return  # the job changed or was removed meanwhile
+        outcome, due, rank, attempt = flight.outcome, flight.due, flight.rank, flight.attempt
         if outcome in RESOLVED:
             self._finish(job, outcome, due, rank, attempt)
             return
         self._observer.outcome(
             job.spec.name, outcome, due_ms=due, rank=rank, attempt=attempt, lateness_ms=None
         )
-        retry = 250.0
-        if job.claim_seen is not None:
-            lease_left = self.settings.claim_lease - (self.clock.monotonic() - job.claim_seen[1])
-            retry = min(retry, max(10.0, lease_left * 1000))
-        self._push(job, self.clock.now_ms() + retry)
+        retry = self.clock.now_ms() + 250.0
+        held = job.claim_seen
+        if outcome == "lock_busy" and held is not None:
+            wait_until = self._holder_wait(held)
+            # None: time to read the claim again, but not in a tight loop.
+            retry = wait_until if wait_until is not None else self.clock.now_ms() + 10.0
+            self._awaiting_holder.add(job.spec.name)
+        self._push(job, retry)
 
     def _finish(
         self, job: _Job, outcome: str, due: int, rank: int, attempt: int, count: bool = True
@@ -587,6 +605,7 @@ class Scheduler:
         job.acted = False
         job.claim_seen = None
         self._awaiting_turn.discard(job.spec.name)
+        self._awaiting_holder.discard(job.spec.name)
         job.due = job.schedule.next_after(due)
         self._collapse(job)
         self._push(job, job.due + job.jitter_ms)
@@ -606,164 +625,20 @@ class Scheduler:
     def _claim_ttl(self, job: _Job) -> float:
         return job.spec.max_lateness + job.jitter_ms / 1000 + 10 * self.settings.claim_lease + 10
 
-    async def _claim_and_publish(
-        self, job: _Job, tick: TickId, rank: int, span: TickSpan
-    ) -> tuple[str, int]:
-        if self._done(job, tick.due_ms):
-            return ("already_claimed" if job.acted else "not_owner"), 0
-        job.acted = True
-        key = tick.claim_key
-        mine = ClaimRecord(
-            node=self.node,
-            instance=self.instance,
-            attempt=1,
-            claimed_ms=int(self.clock.now_ms()),
-        )
-        with span.child("hrwcron.claim", {"hrwcron.claim.key": key}) as claim_span:
-            revision = await self._claims.create(key, mine, self._claim_ttl(job))
-            claim_span.set("hrwcron.claim.won", revision is not None)
-        if revision is not None:
-            await self._failpoints.hit("after_claim", tick.job)
-            return await self._publish_or_skip(job, tick, mine, revision, span)
-        held = await self._claims.get(key)
-        if held is None:
-            return "lock_busy", 0  # expired between our create and get: try again
-        record, revision = held
-        if record.outcome == "skipped":
-            return "already_claimed", record.attempt
-        if record.instance == self.instance:
-            return await self._publish_or_skip(job, tick, record, revision, span)
-        now = self.clock.monotonic()
-        if job.claim_seen is None or job.claim_seen[0] != revision:
-            job.claim_seen = (revision, now)
-            return "lock_busy", record.attempt
-        if now - job.claim_seen[1] < self.settings.claim_lease:
-            return "lock_busy", record.attempt
-        takeover = ClaimRecord(
-            node=self.node,
-            instance=self.instance,
-            attempt=record.attempt + 1,
-            claimed_ms=int(self.clock.now_ms()),
-        )
-        new_revision = await self._claims.replace(key, takeover, revision, self._claim_ttl(job))
-        if new_revision is None:
-            job.claim_seen = None
-            return "lock_busy", record.attempt
-        log.info(
-            "tick %s: took over the claim of %s (unchanged for %.1f s)",
-            tick.key,
-            record.node,
-            now - job.claim_seen[1],
-        )
-        span.set("hrwcron.takeover", True)
-        return await self._publish_or_skip(job, tick, takeover, new_revision, span)
-
-    async def _publish_or_skip(
-        self, job: _Job, tick: TickId, claim: ClaimRecord, revision: int, span: TickSpan
-    ) -> tuple[str, int]:
-        runs = self._runs if job.spec.overlap == "skip" and claim.attempt == 1 else None
-        if runs is not None and await runs.running(job.spec.name):
-            skipped = ClaimRecord(
-                node=claim.node,
-                instance=claim.instance,
-                attempt=claim.attempt,
-                claimed_ms=claim.claimed_ms,
-                outcome="skipped",
-            )
-            await self._claims.replace(tick.claim_key, skipped, revision, self._claim_ttl(job))
-            return "skipped", claim.attempt
-        return await self._publish(job, tick, claim.attempt, span), claim.attempt
-
-    async def _publish(self, job: _Job, tick: TickId, attempt: int, span: TickSpan) -> str:
-        return await self._fenced_publish(job, tick.key, tick.due_ms, "scheduled", attempt, span)
-
-    async def _fenced_publish(
-        self, job: _Job, msg_id: str, due_ms: int, kind: str, attempt: int, span: TickSpan
-    ) -> str:
-        """Publish with ``Nats-Msg-Id`` and the subject's expected last sequence.
-
-        A scheduled tick also checks order: if the subject already holds this tick or a later
-        one, publishing now could only duplicate or reorder, so it stops. Manual and backfill
-        triggers carry their predecessor's watermark so they never fence a scheduled tick."""
-        scheduled = kind == "scheduled"
-        for _ in range(5):
-            if scheduled and self.clock.now_ms() > due_ms + job.spec.max_lateness_ms:
-                return "missed"  # a replica that woke up late must not publish late
-            last = self.last.get(job.subject)
-            if scheduled and last is not None and last.watermark >= due_ms:
-                return "duplicate" if last.msg_id == msg_id else "fenced"
-            watermark = due_ms if scheduled else (last.watermark if last else 0)
-            due = format_ms(due_ms)
-            headers = {
-                HEADER_MSG_ID: msg_id,
-                HEADER_JOB: job.spec.name,
-                HEADER_DUE: due,
-                HEADER_WATERMARK: str(watermark),
-                HEADER_KIND: kind,
-            }
-            attributes = {
-                "messaging.system": "nats",
-                "messaging.destination.name": job.subject,
-                "messaging.message.id": msg_id,
-                "messaging.operation.type": "publish",
-            }
-            with span.child(f"publish {job.subject}", attributes) as publish_span:
-                publish_span.inject(headers)
-                body = self._trigger_body(job, msg_id, due_ms, due, kind, attempt)
-                expected = last.seq if last else 0
-                try:
-                    ack = await self._triggers.publish(job.subject, body, headers, expected)
-                except FenceConflict:
-                    publish_span.set("hrwcron.fenced", True)
-                    self.last.pop(job.subject, None)
-                    fresh = await self._triggers.last(job.subject)
-                    if fresh is not None:
-                        self._remember(job.subject, fresh)
-                    continue
-            if not ack.duplicate:
-                self._remember(job.subject, LastTrigger(ack.seq, msg_id, watermark))
-            return "duplicate" if ack.duplicate else "started"
-        return "lock_busy"
-
-    def _trigger_body(
-        self, job: _Job, msg_id: str, due_ms: int, due: str, kind: str, attempt: int
-    ) -> bytes:
-        return encode(
-            TriggerMessage(
-                job=job.spec.name,
-                tick=msg_id,
-                due=due,
-                due_ms=due_ms,
-                fired_at=format_ms(int(self.clock.now_ms())),
-                node=self.node,
-                attempt=attempt,
-                payload=job.spec.payload,
-                kind=kind,  # type: ignore[arg-type]
-            )
-        )
-
     async def publish_unscheduled(self, name: str, msg_id: str, due_ms: int, kind: str) -> str:
         """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
         claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
-        claimed or published before) or ``lock_busy``; raises NotFoundError for a bad name."""
+        claimed or published before) or ``lock_busy``; raises NotFoundError for a bad name and
+        StoreUnavailable when NATS did not answer."""
         job = self.jobs.get(name)
         if job is None:
             raise NotFoundError(f"no job named {name!r}")
-        claim_key = msg_id.replace(":", ".")
-        record = ClaimRecord(
-            node=self.node,
-            instance=self.instance,
-            attempt=1,
-            claimed_ms=int(self.clock.now_ms()),
-        )
-        with self._observer.tick_span(name, msg_id, due_ms, 0) as span:
-            span.set("hrwcron.kind", kind)
-            if await self._claims.create(claim_key, record, self._claim_ttl(job)) is None:
-                span.set("outcome", "duplicate")
-                return "duplicate"
-            outcome = await self._fenced_publish(job, msg_id, due_ms, kind, 1, span)
-            span.set("outcome", outcome)
+        flight = Flight(job, job.entry, due_ms, 0, kind, msg_id, msg_id.replace(":", "."))
+        await self._dispatcher.run([flight])
+        outcome = flight.outcome
         self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
+        if outcome == "error":
+            raise StoreUnavailable(f"trigger {msg_id}: {flight.error}")
         return outcome
 
     # ------------------------------------------------------------------------ lifecycle
@@ -806,11 +681,13 @@ class Scheduler:
         with contextlib.suppress(Exception):
             # Announce "not ready" at once, so the others stop waiting for this replica's turn.
             await asyncio.wait_for(self._beat(), timeout=1)
-        if self._acts:
-            await asyncio.wait(set(self._acts), timeout=max(0.1, timeout - 1))
-        for task in list(self._tasks) + list(self._acts):
+        self._queued_acts.clear()
+        acts = self._dispatcher.tasks
+        if acts:
+            await asyncio.wait(set(acts), timeout=max(0.1, timeout - 1))
+        for task in list(self._tasks) + list(acts):
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._acts, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *acts, return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._members.deregister(self.node), timeout=1)
 

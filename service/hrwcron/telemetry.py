@@ -165,10 +165,9 @@ class _Span:
             # Set right after the PubAck: the same lateness the histogram records.
             self._span.set_attribute("hrwcron.lateness_ms", self._now_ms() - self._due_ms)
 
-    @contextmanager
-    def _child(
+    def start_child(
         self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> Iterator[TickSpan]:
+    ) -> TickSpan:
         attrs = dict(attributes)
         publish = attrs.get("messaging.operation.type") == "publish"
         if publish:
@@ -183,18 +182,31 @@ class _Span:
             attrs.setdefault("messaging.operation.name", "kv.create")
         context = trace.set_span_in_context(self._span)
         kind = SpanKind.PRODUCER if publish else SpanKind.CLIENT
-        with self._tracer.start_as_current_span(
-            name, context=context, kind=kind, attributes=attrs
-        ) as span:
-            yield _Span(span, self._tracer, self._due_ms, self._now_ms, self._claims_bucket)
+        span = self._tracer.start_span(name, context=context, kind=kind, attributes=attrs)
+        return _Span(span, self._tracer, self._due_ms, self._now_ms, self._claims_bucket)
+
+    def end(self) -> None:
+        self._span.end()
 
     def child(
         self, name: str, attributes: Mapping[str, str | int | float | bool]
     ) -> AbstractContextManager[TickSpan]:
-        return self._child(name, attributes)
+        return _ending(self.start_child(name, attributes))
 
     def inject(self, headers: dict[str, str]) -> None:
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self._span))
+
+
+@contextmanager
+def _ending(span: TickSpan) -> Iterator[TickSpan]:
+    """A span as a context manager: an exception escaping it marks it as an error."""
+    try:
+        yield span
+    except Exception as exc:
+        span.set("error", f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        span.end()
 
 
 def tracer_provider_from_env(
@@ -283,6 +295,7 @@ class Telemetry:
         self._tracer = (
             tracer_provider.get_tracer("hrwcron", __version__) if tracer_provider else None
         )
+        self.tracing = self._tracer is not None
         self.ready = False
         self.not_ready_reason = "starting"
         self.live: list[str] = []
@@ -357,6 +370,13 @@ class Telemetry:
             ("reason",),
             registry=r,
         )
+        claim_ops = Counter(
+            "hrwcron_claim_ops",
+            "Operations on the claims bucket by kind: a healthy tick costs one create",
+            ("op",),
+            registry=r,
+        )
+        self._claim_ops = {op: claim_ops.labels(op) for op in ("create", "read", "replace")}
         self.claim_failures = Counter(
             "hrwcron_claim_write_failures",
             "Claim or publish attempts that failed with an error (timeouts, lost connection)",
@@ -440,12 +460,12 @@ class Telemetry:
     ) -> AbstractContextManager[TickSpan]:
         if self._tracer is None:
             return nullcontext(_NULL_SPAN)
-        return self._tick_span(self._tracer, job, tick_key, due_ms, rank)
+        return _ending(self.start_tick_span(job, tick_key, due_ms, rank))
 
-    @contextmanager
-    def _tick_span(
-        self, tracer: trace.Tracer, job: str, tick_key: str, due_ms: int, rank: int
-    ) -> Iterator[TickSpan]:
+    def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
+        tracer = self._tracer
+        if tracer is None:
+            return _NULL_SPAN
         attributes: dict[str, str | int] = {
             "hrwcron.job": job,
             "hrwcron.tick": tick_key,
@@ -454,11 +474,16 @@ class Telemetry:
             "hrwcron.rank": rank,
             "hrwcron.node": self.node,
         }
-        # A fresh root: a tick is its own trace, whatever task context it was spawned from.
-        with tracer.start_as_current_span(
+        # A fresh root: a tick is its own trace, whatever task context it was started from.
+        span = tracer.start_span(
             "hrwcron.tick", context=Context(), kind=SpanKind.INTERNAL, attributes=attributes
-        ) as span:
-            yield _Span(span, tracer, due_ms, self.now_ms, self._claims_bucket)
+        )
+        return _Span(span, tracer, due_ms, self.now_ms, self._claims_bucket)
+
+    def claim_ops(self, creates: int, reads: int, replaces: int) -> None:
+        for op, count in (("create", creates), ("read", reads), ("replace", replaces)):
+            if count:
+                self._claim_ops[op].inc(count)
 
     def outcome(
         self,
