@@ -16,7 +16,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -78,7 +78,7 @@ class Settings:
     write_timeout: float = 5.0
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class _Job:
     spec: JobSpec
     schedule: Schedule
@@ -91,8 +91,10 @@ class _Job:
     busy: bool = False
     acted: bool = False
     claim_seen: HeldClaim | None = None  # this tick's claim, seen held by another instance
-    owner: str | None = None
-    order: list[str] = field(default_factory=list)  # ranking under ``order_generation``
+    owner: str | None = None  # the owner at the last decision, to report changes
+    # Under ``order_generation``: the owner, and this replica's rank (-1: not eligible).
+    first: str | None = None
+    my_rank: int = -1
     order_generation: int = -1
 
 
@@ -159,6 +161,8 @@ class Scheduler:
         self._jobs_revision = 0  # newest jobs-bucket revision the watch delivered
         self._jobs_watch: asyncio.Task[Any] | None = None
         self._generation = 0  # bumped whenever the candidates change
+        self._plain: list[tuple[bytes, str]] | None = []  # candidates for hrw.rank_prepared
+        self._step_ms = int(settings.failover_step * 1000)
 
     # ----------------------------------------------------------------- readiness and members
 
@@ -200,6 +204,9 @@ class Scheduler:
         candidates = self.view.candidates(ready, self.settings.weight, list(self.settings.tags))
         if candidates != self._candidates:
             self._candidates = candidates
+            self._plain = hrw.prepare([c.node for c in candidates])
+            if any(c.weight != 1.0 for c in candidates):
+                self._plain = None  # weighted: planner.ranking
             self._generation += 1
             self._owned_dirty.set()
             # A member left or stopped being ready: ticks waiting for a later failover turn
@@ -445,8 +452,13 @@ class Scheduler:
             self.last[subject] = seen
             name = self._by_subject.get(subject)
             job = self.jobs.get(name) if name else None
-            if job and job.due is not None and not job.busy and seen.watermark >= job.due:
-                self._push(job, 0)
+            if job is None or job.busy or self._stopping:
+                return
+            due = job.due
+            if due is not None and seen.watermark >= due:
+                # The tick it waits for is in the stream: resolved here and now, without a
+                # trip through the timer (every replica sees every trigger go by).
+                self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
 
     def _done(self, job: _Job, due: int) -> LastTrigger | None:
         last = self.last.get(job.subject)
@@ -490,22 +502,29 @@ class Scheduler:
                 self._dispatcher.submit(acts)
             await asyncio.sleep(0)  # a herd of due ticks must not starve the event loop
 
-    def _order(self, job: _Job) -> list[str]:
-        """The job's ranking, computed once per change of the candidates."""
-        if job.order_generation != self._generation:
-            job.order = ranking(job.spec.name, job.spec.tags, self._candidates)
-            job.order_generation = self._generation
-        return job.order
+    def _place(self, job: _Job) -> None:
+        """The job's owner and this replica's rank, computed once per change of the
+        candidates."""
+        plain = self._plain
+        if plain is not None and not job.spec.tags:
+            order = hrw.rank_prepared(job.spec.name, plain)
+        else:
+            order = ranking(job.spec.name, job.spec.tags, self._candidates)
+        job.first = order[0] if order else None
+        job.my_rank = order.index(self.node) if self.node in order else -1
+        job.order_generation = self._generation
 
     def _evaluate(self, job: _Job, now: float, ready: bool, acts: list[Flight]) -> None:
         due = job.due
         if due is None or self._stopping:
             return
-        if self._done(job, due):
+        last = self.last.get(job.subject)
+        if last is not None and last.watermark >= due:
             self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
             return
-        order = self._order(job)
-        owner = order[0] if order else None
+        if job.order_generation != self._generation:
+            self._place(job)
+        owner = job.first
         if owner != job.owner:
             if job.owner is not None:
                 self._observer.owner_changed(job.spec.name, job.owner, owner)
@@ -514,13 +533,13 @@ class Scheduler:
             counts = owner == self.node or (owner is None and ready)
             self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
             return
-        if not ready or self.node not in order:
+        rank = job.my_rank
+        if not ready or rank < 0:
             # Fail closed: look again when the tick might be done, or our readiness returns.
             self._push(job, min(now + 250, due + job.spec.max_lateness_ms + 1))
             return
-        rank = order.index(self.node)
         fire = due + job.jitter_ms
-        wake = next_wake(now, fire, rank, int(self.settings.failover_step * 1000))
+        wake = next_wake(now, fire, rank, self._step_ms)
         if wake is not None:
             if now >= fire:
                 self._awaiting_turn.add(job.spec.name)

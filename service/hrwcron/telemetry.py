@@ -137,6 +137,88 @@ class _NatsCollector(Collector):
         return iter(())
 
 
+# Not "job": Prometheus puts its own scrape-job name in that label.
+JOB_LABEL = "job_name"
+
+
+class _TickCounts(Collector):
+    """``hrwcron_ticks_total{outcome[, job_name]}``: one small list of counts per job, looked
+    up once per tick; an outcome never seen for a job is no series (per job) or a 0 (without
+    per-job labels, so rate() and alerts see every outcome from the start)."""
+
+    def __init__(self, per_job: bool) -> None:
+        self.per_job = per_job
+        self._index = {outcome: i for i, outcome in enumerate(OUTCOMES)}
+        self._names = list(OUTCOMES)
+        self._by_job: dict[str, list[int]] = {}
+        self._total = [0] * len(OUTCOMES)
+
+    def count(self, job: str, outcome: str) -> None:
+        i = self._index.get(outcome)
+        if i is None:
+            i = self._index[outcome] = len(self._names)
+            self._names.append(outcome)
+            self._total.append(0)
+        if not self.per_job:
+            self._total[i] += 1
+            return
+        counts = self._by_job.get(job)
+        if counts is None:
+            counts = self._by_job[job] = [0] * len(OUTCOMES)
+        if i >= len(counts):
+            counts.extend([0] * (i + 1 - len(counts)))
+        counts[i] += 1
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        doc = "Tick decisions of this replica by outcome (and job)"
+        if not self.per_job:
+            family = CounterMetricFamily("hrwcron_ticks", doc, labels=["outcome"])
+            for name, value in zip(self._names, self._total, strict=True):
+                family.add_metric([name], float(value))
+            yield family
+            return
+        family = CounterMetricFamily("hrwcron_ticks", doc, labels=["outcome", JOB_LABEL])
+        names = self._names
+        for job, counts in list(self._by_job.items()):
+            for i, value in enumerate(counts):
+                if value:
+                    family.add_metric([names[i], job], float(value))
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
+class _OwnerChanges(Collector):
+    """``hrwcron_owner_changes_total[{job_name}]``, counted in a plain dict."""
+
+    def __init__(self, per_job: bool) -> None:
+        self.per_job = per_job
+        self._by_job: dict[str, int] = {}
+        self._total = 0
+
+    def count(self, job: str) -> None:
+        if self.per_job:
+            self._by_job[job] = self._by_job.get(job, 0) + 1
+        else:
+            self._total += 1
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        doc = "Times this replica saw a job's owner change at a tick"
+        if not self.per_job:
+            family = CounterMetricFamily("hrwcron_owner_changes", doc)
+            family.add_metric([], float(self._total))
+            yield family
+            return
+        family = CounterMetricFamily("hrwcron_owner_changes", doc, labels=[JOB_LABEL])
+        for job, value in list(self._by_job.items()):
+            family.add_metric([job], float(value))
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
 class _Span:
     """A TickSpan over an OpenTelemetry span."""
 
@@ -342,14 +424,10 @@ class Telemetry:
 
     def _define_metrics(self, process_metrics: bool) -> None:
         r = self.registry
-        # Not "job": Prometheus puts its own scrape-job name in that label.
-        job = ("job_name",) if self.per_job else ()
-        self.ticks = Counter(
-            "hrwcron_ticks",
-            "Tick decisions of this replica by outcome (and job)",
-            ("outcome", *job),
-            registry=r,
-        )
+        # Counted in plain lists and exposed at scrape time: a prometheus_client child per
+        # job costs a label lookup per tick and a lock and about a kilobyte per series.
+        self.ticks = _TickCounts(self.per_job)
+        r.register(self.ticks)
         # No job label even with per-job metrics: a histogram per job costs a series per
         # bucket, and 100,000 jobs would hold millions of series in every replica.
         self.lateness = Histogram(
@@ -382,12 +460,8 @@ class Telemetry:
             "Claim or publish attempts that failed with an error (timeouts, lost connection)",
             registry=r,
         )
-        self.owner_changes = Counter(
-            "hrwcron_owner_changes",
-            "Times this replica saw a job's owner change at a tick",
-            job,
-            registry=r,
-        )
+        self.owner_changes = _OwnerChanges(self.per_job)
+        r.register(self.owner_changes)
         self.live_members = Gauge(
             "hrwcron_live_members", "Live, ready members in this replica's view", registry=r
         )
@@ -425,9 +499,6 @@ class Telemetry:
                 "node": self.node,
             }
         )
-        for outcome in OUTCOMES:
-            if not self.per_job:
-                self.ticks.labels(outcome)  # every outcome shows up as 0 from the start
         for reason in sorted(CONTENTION):
             self.contention.labels(reason)
         if process_metrics:
@@ -445,13 +516,6 @@ class Telemetry:
         if self._beat_ok_mono is None:
             return math.inf
         return max(0.0, self._monotonic() - self._beat_ok_mono)
-
-    def _job(self, job: str) -> tuple[str, ...]:
-        return (job,) if self.per_job else ()
-
-    def _per_job(self, metric: _M, job: str) -> _M:
-        # prometheus_client refuses labels() on a metric declared without label names.
-        return metric.labels(job) if self.per_job else metric
 
     # ------------------------------------------------------------------------ Observer
 
@@ -495,7 +559,7 @@ class Telemetry:
         attempt: int,
         lateness_ms: float | None,
     ) -> None:
-        self.ticks.labels(outcome, *self._job(job)).inc()
+        self.ticks.count(job, outcome)
         if lateness_ms is not None:
             self.lateness.observe(max(0.0, lateness_ms) / 1000)
         if outcome == "started":
@@ -589,7 +653,7 @@ class Telemetry:
         self.owned_gauge.set(count)
 
     def owner_changed(self, job: str, previous: str | None, owner: str | None) -> None:
-        self._per_job(self.owner_changes, job).inc()
+        self.owner_changes.count(job)
         # Debug only: one member leaving moves a third of all jobs at once; the engine logs
         # the membership change itself at info.
         log.debug(

@@ -40,6 +40,7 @@ from hrwcron.ports import (
     MemberRecord,
     MembersPort,
     Published,
+    StoreRefused,
     StoreUnavailable,
     TriggersPort,
 )
@@ -320,6 +321,41 @@ async def test_a_batch_of_triggers_resolves_each_publish_on_its_own(backend: Bac
     assert await backend.triggers.last(b) == LastTrigger(stored.seq, "b:1000", 1000)
     assert await backend.triggers.last(c) is None
     assert await backend.triggers.publish_many([]) == []
+
+
+@pytest.mark.parametrize("frames", [True, False], ids=["frames", "public-publish"])
+async def test_the_pipelined_path_refuses_what_it_cannot_send(
+    shared_server: NatsServer, frames: bool
+) -> None:
+    """JetStream only, both ways the pipeline writes (one frame batch through the client's
+    buffer, or nats-py's publish per message): a message too large for the server or with a
+    line break in a header is refused on its own, the rest of the batch goes through."""
+    client = await nats.connect(shared_server.url, connect_timeout=5)
+    try:
+        n = next(_names)
+        layout = Layout(stream=f"PL{n}", subject_prefix=f"pl{n}.trigger", duplicate_window=60)
+        js = client.jetstream()
+        await provision(js, layout, longest_lateness=60)
+        pipeline = JetStreamPipeline(client, timeout=WRITE_TIMEOUT, frames=frames)
+        triggers = JetStreamTriggers(js, layout.stream, layout.subject_prefix, pipeline)
+        subject = f"{layout.subject_prefix}.j"
+        broken = headers("j:2000", 2000) | {"Hrwcron-Job": "j\r\nNats-Msg-Id: forged"}
+        answers = await triggers.publish_many(
+            [
+                (subject, b"x" * (client.max_payload + 1), headers("j:1000", 1000), 0),
+                (f"{layout.subject_prefix}.forged", b"{}", broken, 0),
+                (subject, b"{}", headers("j:3000", 3000), 0),
+            ]
+        )
+        too_large, forged, fine = answers
+        assert isinstance(too_large.exception(), StoreRefused)
+        if frames:  # nats-py's publish strips line breaks from values instead of refusing
+            assert isinstance(forged.exception(), StoreRefused)
+            assert await triggers.last(f"{layout.subject_prefix}.forged") is None
+        stored = await asyncio.wait_for(fine, STEP)
+        assert await triggers.last(subject) == LastTrigger(stored.seq, "j:3000", 3000)
+    finally:
+        await client.close()
 
 
 async def test_a_server_restart_in_the_middle_of_a_batch(tmp_path: Path) -> None:

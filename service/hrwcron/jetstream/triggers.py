@@ -24,7 +24,16 @@ from ..ports import (
 from .kv import EXPECTED_LAST_SUBJECT_SEQ
 from .pipeline import WRONG_LAST_SEQUENCE, JetStreamPipeline, PubAck, first, refused
 
-EXPECTED_STREAM = "Nats-Expected-Stream"
+
+def _position(reply: str) -> tuple[int, int]:
+    """(stream sequence, messages pending) from a JetStream delivery's reply subject, without
+    building nats-py's Metadata (two dataclasses and a datetime per message):
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``, or the form
+    with domain and account hash after ``ACK`` (and a random token at the end)."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[5]), int(tokens[8])
+    return int(tokens[7]), int(tokens[10])
 
 
 def _published(ack: PubAck) -> Published:
@@ -62,11 +71,11 @@ class JetStreamTriggers:
         )
 
     async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
-        stream = self._stream
+        # No Nats-Expected-Stream: every stored header is parsed again by every replica's
+        # feed, and the server refuses overlapping stream subjects anyway.
         messages = []
         for subject, body, headers, expected in writes:
             headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
-            headers[EXPECTED_STREAM] = stream
             messages.append((subject, body, headers))
         return await self._pipeline.publish_many(messages, _published)
 
@@ -99,9 +108,9 @@ class JetStreamTriggers:
                 yield None
             while True:
                 msg = await queue.get()
-                meta = msg.metadata
-                yield msg.subject, _last(int(meta.sequence.stream), msg.headers)
-                if not loaded and meta.num_pending == 0:
+                seq, pending = _position(msg.reply)
+                yield msg.subject, _last(seq, msg.headers)
+                if not loaded and pending == 0:
                     loaded = True
                     yield None
         finally:
