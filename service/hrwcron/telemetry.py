@@ -107,14 +107,16 @@ class Fired:
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """The newest trigger of a subject as this replica saw it go by on the stream; ``live``
-    is false for the history replayed at start-up, whose arrival time means nothing."""
+    """When the newest trigger of a subject (its stream sequence) went by here; ``live`` is
+    false for the history replayed at start-up, whose arrival time means nothing. One per
+    subject, so it holds only what the engine's own last-trigger table does not."""
 
-    msg_id: str
     seq: int
-    watermark: int
     seen_ms: float
     live: bool
+
+
+_REPLAYED = Seen(0, 0.0, False)
 
 
 class _NatsCollector(Collector):
@@ -142,47 +144,37 @@ JOB_LABEL = "job_name"
 
 
 class _TickCounts(Collector):
-    """``hrwcron_ticks_total{outcome[, job_name]}``: one small list of counts per job, looked
-    up once per tick; an outcome never seen for a job is no series (per job) or a 0 (without
-    per-job labels, so rate() and alerts see every outcome from the start)."""
+    """``hrwcron_ticks_total{outcome[, job_name]}``: a dict of counts per outcome, looked up
+    once per tick (most jobs only ever see one outcome on a replica: fired here, or by
+    another); an outcome never seen for a job is no series (per job) or a 0 (without per-job
+    labels, so rate() and alerts see every outcome from the start)."""
 
     def __init__(self, per_job: bool) -> None:
         self.per_job = per_job
-        self._index = {outcome: i for i, outcome in enumerate(OUTCOMES)}
-        self._names = list(OUTCOMES)
-        self._by_job: dict[str, list[int]] = {}
-        self._total = [0] * len(OUTCOMES)
+        self._by_outcome: dict[str, dict[str, int]] = {o: {} for o in OUTCOMES}
+        self._total = dict.fromkeys(OUTCOMES, 0)
 
     def count(self, job: str, outcome: str) -> None:
-        i = self._index.get(outcome)
-        if i is None:
-            i = self._index[outcome] = len(self._names)
-            self._names.append(outcome)
-            self._total.append(0)
         if not self.per_job:
-            self._total[i] += 1
+            self._total[outcome] = self._total.get(outcome, 0) + 1
             return
-        counts = self._by_job.get(job)
+        counts = self._by_outcome.get(outcome)
         if counts is None:
-            counts = self._by_job[job] = [0] * len(OUTCOMES)
-        if i >= len(counts):
-            counts.extend([0] * (i + 1 - len(counts)))
-        counts[i] += 1
+            counts = self._by_outcome[outcome] = {}
+        counts[job] = counts.get(job, 0) + 1
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         doc = "Tick decisions of this replica by outcome (and job)"
         if not self.per_job:
             family = CounterMetricFamily("hrwcron_ticks", doc, labels=["outcome"])
-            for name, value in zip(self._names, self._total, strict=True):
+            for name, value in list(self._total.items()):
                 family.add_metric([name], float(value))
             yield family
             return
         family = CounterMetricFamily("hrwcron_ticks", doc, labels=["outcome", JOB_LABEL])
-        names = self._names
-        for job, counts in list(self._by_job.items()):
-            for i, value in enumerate(counts):
-                if value:
-                    family.add_metric([names[i], job], float(value))
+        for outcome, counts in list(self._by_outcome.items()):
+            for job, value in list(counts.items()):
+                family.add_metric([outcome, job], float(value))
         yield family
 
     def describe(self) -> Iterator[CounterMetricFamily]:
@@ -617,9 +609,8 @@ class Telemetry:
             del self.bad_jobs[next(iter(self.bad_jobs))]
 
     def trigger_seen(self, subject: str, last: LastTrigger) -> None:
-        self.seen[subject] = Seen(
-            last.msg_id, last.seq, last.watermark, self.now_ms(), self.feed_is_live
-        )
+        # Replayed history needs no object of its own: it is never compared with anything.
+        self.seen[subject] = Seen(last.seq, self.now_ms(), True) if self.feed_is_live else _REPLAYED
 
     def history_loaded(self) -> None:
         """Call once the scheduler has started: triggers seen from now on arrive live."""
