@@ -146,6 +146,7 @@ class Dispatcher:
         self.creates = 0
         self.reads = 0
         self.replaces = 0
+        self._told = (0, 0, 0)  # the counts last reported to the observer
 
     # ------------------------------------------------------------------------- batches
 
@@ -179,7 +180,6 @@ class Dispatcher:
         creates: list[Flight] = []
         for flight in flights:
             self._begin(flight, batch, creates)
-        before = (self.creates, self.reads, self.replaces)
         try:
             await self._send_creates(creates, batch)
             while batch.pending:
@@ -215,10 +215,15 @@ class Dispatcher:
                 future.cancel()
                 if not flight.outcome:
                     self._fail(flight, "stopped")
-            ops = (self.creates - before[0], self.reads - before[1], self.replaces - before[2])
-            if any(ops):
-                s._observer.claim_ops(*ops)
+            self._report_ops()
             self.start_batches()
+
+    def _report_ops(self) -> None:
+        told = self._told
+        ops = (self.creates - told[0], self.reads - told[1], self.replaces - told[2])
+        if any(ops):
+            self._told = (self.creates, self.reads, self.replaces)
+            self._s._observer.claim_ops(*ops)
 
     # --------------------------------------------------------------------------- steps
 

@@ -7,9 +7,13 @@ per connection; each reply resolves its own future, decoded with msgspec. A batc
 deadline: whatever is unanswered by then fails as ambiguous (the write may or may not have been
 applied), and so does everything in flight when the connection drops.
 
-Nothing is buffered while disconnected: the client is built with ``pending_size=0``, so a
-publish made while it reconnects raises at once, and that write fails as unavailable without
-being sent.
+Nothing is buffered while disconnected: with the client's ``pending_size=0`` a batch is
+refused as unavailable, unsent, whenever the client is not connected (what nats-py's publish
+does too). Writes the client had accepted just before it noticed the drop stay in its buffer
+and are flushed after the reconnect (nats-py's ``_attempt_reconnect`` flushes its pending
+commands once connected again): their futures have failed as ambiguous by then, and what lands
+late is a claim create that only this instance can use, or a trigger its Msg-Id and expected
+subject sequence keep from being stored twice or out of order.
 """
 
 from __future__ import annotations
