@@ -489,11 +489,22 @@ class Scheduler:
             self._wakeup.set()
 
     async def _timer_loop(self) -> None:
+        heap = self._heap
+        jobs = self.jobs
         while True:
             self._wakeup.clear()
+            # Entries left behind (a tick resolved by the feed, a job pushed again) are dropped
+            # here rather than waking the loop at their time for nothing: on this kind of
+            # machine the wake-up, not the work, is what a spread-out tick costs most.
+            while heap:
+                _, _, name, entry = heap[0]
+                job = jobs.get(name)
+                if job is not None and job.entry == entry and not job.busy:
+                    break
+                heapq.heappop(heap)
             delay = 3600.0
-            if self._heap:
-                delay = (self._heap[0][0] - self.clock.now_ms()) / 1000
+            if heap:
+                delay = (heap[0][0] - self.clock.now_ms()) / 1000
             if delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
                 # that races with the event being set, and the loop would never stop.
@@ -507,7 +518,6 @@ class Scheduler:
             acts: list[Flight] = []
             # Bounded batches: the claims of the first due ticks go out while the rest of a
             # top-of-the-minute herd is still being evaluated.
-            heap = self._heap
             while heap and heap[0][0] <= now and popped < TIMER_BATCH:
                 _, _, name, entry = heapq.heappop(heap)
                 job = self.jobs.get(name)
