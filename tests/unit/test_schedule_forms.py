@@ -18,6 +18,7 @@ import xxhash
 
 from hrwcron.errors import ScheduleError
 from hrwcron.hrw import score
+from hrwcron.model import JobSpec
 from hrwcron.schedule import Schedule, field_hash
 from hrwcron.ticks import format_ms, to_ms
 
@@ -625,3 +626,13 @@ def test_bad_H_forms_name_the_field(item: str, fragment: str) -> None:
 )
 def test_forms_that_fire_in_some_month_are_accepted(expr: str) -> None:
     assert Schedule.parse(expr).next_after(0) > 0
+
+
+def test_job_specs_parse_H_with_their_own_name_and_name_the_field_of_a_bad_form() -> None:
+    assert JobSpec(name="spread.hourly", schedule="H * * * *").problems() == []
+    assert JobSpec(name="month-end", schedule="0 0 L * *", tz="Europe/Berlin").problems() == []
+    [problem] = JobSpec(name="never", schedule="0 0 L-30 2 *").problems()
+    assert problem.where == "schedule"
+    assert problem.message.startswith("day-of-month: ") and "never fires" in problem.message
+    [problem] = JobSpec(name="bad", schedule="H(5) * * * *").problems()
+    assert (problem.where, problem.message.split(":")[0]) == ("schedule", "minute")
