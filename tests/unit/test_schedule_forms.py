@@ -10,8 +10,11 @@ Sunday; 2028-02 has 29 days, Tuesday to Tuesday; 2032-02 has 29 days, Sunday to 
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from datetime import datetime
 from itertools import islice
+from pathlib import Path
 
 import pytest
 import xxhash
@@ -636,3 +639,43 @@ def test_job_specs_parse_H_with_their_own_name_and_name_the_field_of_a_bad_form(
     assert problem.message.startswith("day-of-month: ") and "never fires" in problem.message
     [problem] = JobSpec(name="bad", schedule="H(5) * * * *").problems()
     assert (problem.where, problem.message.split(":")[0]) == ("schedule", "minute")
+
+
+# --- published vectors ----------------------------------------------------------------------------
+
+VECTORS_DIR = Path(__file__).resolve().parent.parent / "vectors"
+
+
+def test_published_H_vectors_match_the_code() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "make_cron_hash_vectors", VECTORS_DIR / "make_cron_hash_vectors.py"
+    )
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    text = (VECTORS_DIR / "cron_hash_vectors.json").read_text("utf-8")
+    assert text == generator.render(), "regenerate with tests/vectors/make_cron_hash_vectors.py"
+
+
+def test_published_H_vectors_follow_the_documented_derivation() -> None:
+    data = json.loads((VECTORS_DIR / "cron_hash_vectors.json").read_text("utf-8"))
+    for row in data["hashes"]:
+        assert bytes.fromhex(row["input_hex"]) == row["job"].encode() + b"\x00" + row[
+            "field"
+        ].encode("utf-8")
+        assert int(row["hash"], 16) == documented_hash(row["job"], row["field"])
+    assert {row["field"] for row in data["hashes"]} == {
+        "second",
+        "minute",
+        "hour",
+        "day-of-month",
+        "month",
+        "day-of-week",
+    }
+    # The minute rows, recomputed from the rule the file states rather than from the parser.
+    for case in data["cases"]:
+        if case["expression"] != "H/15 * * * *":
+            continue
+        offset = documented_hash(case["job"], "minute") % 15
+        minutes = [datetime.fromisoformat(t).minute for t in case["next"]]
+        assert sorted(minutes) == [offset, offset + 15, offset + 30, offset + 45]
