@@ -114,6 +114,9 @@ _FIELDS = (
     _FieldSpec("day-of-week", 0, 7, 6, _DOW_NAMES),
 )
 _SEC, _MIN, _HOUR, _DOM, _MON, _DOW = _FIELDS
+_STAR: dict[str, tuple[frozenset[int], tuple[tuple[int, int, int], ...]]] = {
+    spec.name: (frozenset(range(spec.lo, spec.star_hi + 1)), ()) for spec in _FIELDS
+}
 _DAYS_IN_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
@@ -356,10 +359,10 @@ def _parse_field(
     text: str, spec: _FieldSpec, job: str | None
 ) -> tuple[frozenset[int], tuple[_Rule, ...]]:
     """The values a field allows, and (day fields only) the rules that depend on the month."""
+    if text == "*" or (text == "?" and (spec is _DOM or spec is _DOW)):
+        return _STAR[spec.name]  # most fields of most schedules
     _check_chars(text, spec)
-    if text == "?":
-        text = "*"
-    elif "?" in text:
+    if "?" in text:
         raise _fail(spec.name, f"'?' stands alone for the whole field (it means '*'): {text!r}")
     values: set[int] = set()
     rules: list[_Rule] = []
@@ -369,10 +372,11 @@ def _parse_field(
         if item[0] in "Hh":
             values.update(_hashed(item, spec, job))
             continue
-        rule = _dom_rule(item) if spec is _DOM else _dow_rule(item) if spec is _DOW else None
-        if rule is not None:
-            rules.append(rule)
-            continue
+        if not item.isdigit():  # plain numbers, the common case, are never day rules
+            rule = _dom_rule(item) if spec is _DOM else _dow_rule(item) if spec is _DOW else None
+            if rule is not None:
+                rules.append(rule)
+                continue
         base, slash, step_text = item.partition("/")
         step = _step(step_text, item, spec) if slash else 1
         if base == "*":
