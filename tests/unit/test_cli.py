@@ -147,7 +147,7 @@ def test_next_accepts_offsets_and_prints_millis_only_when_needed(
     assert (code, out) == (0, ["2026-01-01T00:00:01.500Z", "2026-01-01T00:00:03Z"])
 
 
-# The forms issue reports asked for, answered by `hrwcron next` as a new user would try them.
+# Forms that used to be refused, answered by `hrwcron next` as a new user would try them.
 FORM_CASES = [
     ("0 0 L * *", ["2026-01-31T00:00:00Z", "2026-02-28T00:00:00Z", "2026-03-31T00:00:00Z"]),
     ("0 9 * * 1#2", ["2026-01-12T09:00:00Z", "2026-02-09T09:00:00Z", "2026-03-09T09:00:00Z"]),
