@@ -35,7 +35,7 @@ from .cli_admin import (
 from .cli_provision import add_provision
 from .cli_run import add_dev, add_run
 from .config import ConfigFileError, config_warnings, load_config, node_id_problem
-from .errors import InvalidInput, Problem
+from .errors import InvalidInput, Problem, ScheduleError
 from .hrw import rank, weighted_rank
 from .model import job_name_problem
 from .schedule import Schedule
@@ -97,6 +97,9 @@ def _add_next(sub: Subparsers) -> None:
             "  hrwcron next '30 2 * * *' --tz America/New_York --after 2026-03-07T12:00:00Z\n"
             "  hrwcron next '@every 90s' --count 5\n"
             "  hrwcron next '0 0 9 * * MON-FRI' --tz Europe/Berlin  (6 fields: seconds first)\n"
+            "  hrwcron next '0 0 L * *' --count 3  (the last day of each month)\n"
+            "  hrwcron next '0 9 * * 1#2'  (the second Monday; 5L is the last Friday)\n"
+            "  hrwcron next 'H H * * *' --job reports.daily  (H is hashed from the job's name)\n"
             "  hrwcron next reports.daily --count 3  (a job's schedule, read from the cluster)"
         ),
         formatter_class=_FORMATTER,
@@ -107,6 +110,11 @@ def _add_next(sub: Subparsers) -> None:
         help="cron expression, macro, '@every DURATION', or the name of a job",
     )
     p.add_argument("--tz", metavar="ZONE", help="IANA time zone (default: UTC)")
+    p.add_argument(
+        "--job",
+        metavar="NAME",
+        help="the job name that H in EXPR is hashed from (a job from the cluster uses its own)",
+    )
     p.add_argument(
         "--after",
         type=_instant,
@@ -123,12 +131,25 @@ def _add_next(sub: Subparsers) -> None:
 def _cmd_next(args: argparse.Namespace) -> int:
     if job_name_problem(args.expr) is None:
         # One token without '@' is never a schedule, so it names a job; the admin API has it.
-        return next_for_job(args, lambda expr, tz: _print_next(args, expr, tz))
-    return _print_next(args, args.expr, args.tz or "UTC")
+        if args.job is not None:
+            raise InvalidInput("JOB already names the job; --job goes with an expression", "--job")
+        return next_for_job(args, lambda expr, tz: _print_next(args, expr, tz, args.expr))
+    if args.job is not None:
+        bad_job = job_name_problem(args.job)
+        if bad_job:
+            raise InvalidInput(bad_job, "--job")
+    return _print_next(args, args.expr, args.tz or "UTC", args.job)
 
 
-def _print_next(args: argparse.Namespace, expr: str, tz: str) -> int:
-    schedule = Schedule.parse(expr, tz)
+def _print_next(args: argparse.Namespace, expr: str, tz: str, job: str | None) -> int:
+    try:
+        schedule = Schedule.parse(expr, tz, job=job)
+    except ScheduleError as exc:
+        if exc.field != "job":
+            raise
+        raise InvalidInput(
+            f"{exc.problems[0].message}; name the job with --job NAME", "--job"
+        ) from None
     at: int = time.time_ns() // 1_000_000 if args.after is None else args.after
     due: list[str] = []
     for _ in range(args.count):

@@ -95,7 +95,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
             found.append(Problem("v", f"schema version {self.v} is not supported (expected 1)"))
         if check_schedule:
             try:
-                Schedule.parse(self.schedule, self.tz)
+                Schedule.parse(self.schedule, self.tz, job=self.name)
             except ScheduleError as exc:
                 for p in exc.problems:
                     if p.where == "tz":

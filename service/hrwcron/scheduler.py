@@ -382,7 +382,7 @@ class Scheduler:
         subject = spec.trigger_subject(self.settings.subject_prefix)
         job = _Job(
             spec=spec,
-            schedule=Schedule.parse(spec.schedule, spec.tz),
+            schedule=Schedule.parse(spec.schedule, spec.tz, job=spec.name),
             subject=subject,
             jitter_ms=jitter_ms(spec.name, spec.jitter),
             revision=event.revision,

@@ -297,7 +297,7 @@ class Violation:
 
 def due_instants(spec: JobSpec, start_ms: float, end_ms: float) -> list[int]:
     """The job's nominal due instants in ``[start_ms, end_ms]``."""
-    schedule = Schedule.parse(spec.schedule, spec.tz)
+    schedule = Schedule.parse(spec.schedule, spec.tz, job=spec.name)
     found = []
     due = schedule.next_after(int(start_ms) - 1)
     while due <= end_ms:
@@ -336,7 +336,7 @@ def find_violations(
             per_job[trigger.job].append(trigger)
     start, end = window
     for name, spec in specs.items():
-        schedule = Schedule.parse(spec.schedule, spec.tz)
+        schedule = Schedule.parse(spec.schedule, spec.tz, job=spec.name)
         jitter = jitter_ms(name, spec.jitter)
         mine = per_job.get(name, [])
         seen: dict[str, Trigger] = {}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import xxhash
 
 from harness import NatsServer, wait_for_async
 from hrwcron.model import JobSpec
@@ -97,6 +98,38 @@ async def test_jobs_verbs_change_what_the_replicas_run(cluster: Cluster) -> None
     assert removed == Result(0, "cli.job: deleted\n", "")
     gone = await hrwcron(url, "jobs", "get", "cli.job")
     assert gone.code == 2 and "no job named 'cli.job'" in gone.err
+
+
+async def test_extended_cron_forms_through_the_admin_api_and_the_cli(cluster: Cluster) -> None:
+    url = cluster.url
+    put = await hrwcron(
+        url, "jobs", "put", "ops.month-end", "--schedule", "0 0 L * *", "--tz", "Europe/Berlin"
+    )
+    assert put == Result(0, "ops.month-end: created (revision 1)\n", "")
+    nxt = await hrwcron(
+        url, "next", "ops.month-end", "--count", "3", "--after", "2026-01-15T00:00:00Z"
+    )
+    # Midnight in Berlin on the last day: CET in January and February, CEST in March.
+    expected = ["2026-01-30T23:00:00Z", "2026-02-27T23:00:00Z", "2026-03-30T22:00:00Z"]
+    assert nxt == Result(0, "".join(f"{line}\n" for line in expected), "")
+
+    # H is hashed from the job's own name, in the replicas and in `hrwcron next JOB` alike.
+    await hrwcron(url, "jobs", "put", "ops.spread", "--schedule", "H H * * *")
+    minute = xxhash.xxh3_64_intdigest(b"ops.spread\x00minute") % 60
+    hour = xxhash.xxh3_64_intdigest(b"ops.spread\x00hour") % 24
+    spread = await hrwcron(url, "next", "ops.spread", "--after", "2026-01-01T00:00:00Z")
+    assert spread == Result(0, f"2026-01-01T{hour:02d}:{minute:02d}:00Z\n", "")
+    dry = await hrwcron(url, "backfill", "ops.spread", "--from", "2026-01-01T00:00:00Z",
+                        "--to", "2026-01-04T00:00:00Z", "--dry-run")  # fmt: skip
+    assert dry.code == 0 and "3 due instants; would publish 3" in dry.out
+
+    bad = await hrwcron(url, "jobs", "put", "ops.bad", "--schedule", "0 9 * * 1#6")
+    assert bad.code == 2 and bad.out == ""
+    assert "schedule: day-of-week:" in bad.err and "k is from 1 to 5" in bad.err
+    never = await hrwcron(url, "jobs", "put", "ops.never", "--schedule", "0 0 31W 4 *")
+    assert never.code == 2 and "day-of-month:" in never.err and "never fires" in never.err
+    listed = await hrwcron(url, "jobs", "ls")
+    assert "ops.bad" not in listed.out and "ops.never" not in listed.out
 
 
 async def test_trigger_history_status_and_backfill(cluster: Cluster) -> None:

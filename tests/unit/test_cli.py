@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from hrwcron import __version__
 from hrwcron.cli import format_instant, main
@@ -146,6 +147,36 @@ def test_next_accepts_offsets_and_prints_millis_only_when_needed(
     assert (code, out) == (0, ["2026-01-01T00:00:01.500Z", "2026-01-01T00:00:03Z"])
 
 
+# Forms that used to be refused, answered by `hrwcron next` as a new user would try them.
+FORM_CASES = [
+    ("0 0 L * *", ["2026-01-31T00:00:00Z", "2026-02-28T00:00:00Z", "2026-03-31T00:00:00Z"]),
+    ("0 9 * * 1#2", ["2026-01-12T09:00:00Z", "2026-02-09T09:00:00Z", "2026-03-09T09:00:00Z"]),
+    ("0 */30 * * *", ["2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z", "2026-01-04T00:00:00Z"]),
+    ("0 9 15W * *", ["2026-01-15T09:00:00Z", "2026-02-16T09:00:00Z", "2026-03-16T09:00:00Z"]),
+    ("0 18 * * 5L", ["2026-01-30T18:00:00Z", "2026-02-27T18:00:00Z", "2026-03-27T18:00:00Z"]),
+    ("0 12 ? * MON", ["2026-01-05T12:00:00Z", "2026-01-12T12:00:00Z", "2026-01-19T12:00:00Z"]),
+]
+
+
+@pytest.mark.parametrize(("expr", "expected"), FORM_CASES)
+def test_next_answers_the_extended_forms(
+    capsys: pytest.CaptureFixture[str], expr: str, expected: list[str]
+) -> None:
+    argv = ["next", expr, "--after", "2026-01-01T01:00:00Z", "--count", "3"]
+    assert run(capsys, *argv) == (0, expected, "")
+
+
+def test_next_hashes_H_from_the_job_named_by_job(capsys: pytest.CaptureFixture[str]) -> None:
+    job = "reports.daily"
+    minute = xxhash.xxh3_64_intdigest(job.encode() + b"\x00minute") % 60
+    hour = xxhash.xxh3_64_intdigest(job.encode() + b"\x00hour") % 24
+    argv = ["next", "H H * * *", "--job", job, "--after", "2026-01-01T23:59:00Z", "--count", "2"]
+    expected = [f"2026-01-0{day}T{hour:02d}:{minute:02d}:00Z" for day in (2, 3)]
+    assert run(capsys, *argv) == (0, expected, "")
+    other = run(capsys, "next", "H H * * *", "--job", "billing.nightly", "--count", "2")[1]
+    assert other != run(capsys, "next", "H H * * *", "--job", job, "--count", "2")[1]
+
+
 def test_next_defaults_to_now(capsys: pytest.CaptureFixture[str]) -> None:
     before = datetime.now(UTC)
     code, out, _ = run(capsys, "next", "* * * * * *")  # every second
@@ -163,6 +194,12 @@ def test_next_defaults_to_now(capsys: pytest.CaptureFixture[str]) -> None:
         (["next", "30 2 * * *", "--count", "0"], ["--count"]),
         (["next", "30 2 * * *", "--count", "many"], ["--count"]),
         (["next", "61 * * * *"], ["hrwcron next: error:", "61"]),
+        (["next", "H * * * *"], ["--job", "'H' in minute", "no job name was given"]),
+        (["next", "H * * * *", "--job", "a b"], ["--job", "'a b'"]),
+        (["next", "reports.daily", "--job", "x"], ["--job", "JOB already names the job"]),
+        (["next", "0 0 31W 4 *"], ["day-of-month", "'31W'", "never fires"]),
+        (["next", "0 9 * * 1#6"], ["day-of-week", "k is from 1 to 5"]),
+        (["next", "0 */0 * * *"], ["hour", "step 0"]),
         (["next", "30 2 * * *", "--tz", "Mars/Olympus_Mons"], ["tz", "Mars/Olympus_Mons"]),
         (["next", "30 2 * * *", "--after", "1066-10-14T09:00:00Z"], ["hrwcron next: error:"]),
         (["owner", "bad job!", "--nodes", "a,b"], ["JOB", "bad job!"]),

@@ -524,3 +524,42 @@ def test_example_file_is_valid() -> None:
     assert len(cfg.jobs) >= 3
     assert any(job.tz != "UTC" for job in cfg.jobs)
     assert config_warnings(cfg) == []
+
+
+def test_jobs_accept_the_extended_cron_forms_and_name_the_field_of_a_bad_one() -> None:
+    cfg = parse(
+        """
+[[jobs]]
+name = "month-end"
+schedule = "0 0 L * *"
+
+[[jobs]]
+name = "spread.hourly"
+schedule = "H * * * *"
+
+[[jobs]]
+name = "quartz"
+schedule = "0 0 9 ? * 1#2"
+"""
+    )
+    assert [job.schedule for job in cfg.jobs] == ["0 0 L * *", "H * * * *", "0 0 9 ? * 1#2"]
+    err = problems(
+        """
+[[jobs]]
+name = "ok"
+schedule = "H H * * *"
+
+[[jobs]]
+name = "never"
+schedule = "0 0 31W 4 *"
+
+[[jobs]]
+name = "sixth-monday"
+schedule = "0 9 * * 1#6"
+"""
+    )
+    by_where = {p.where: p.message for p in err.problems}
+    assert set(by_where) == {"jobs[1].schedule", "jobs[2].schedule"}
+    assert by_where["jobs[1].schedule"].startswith("day-of-month: ")
+    assert "never fires" in by_where["jobs[1].schedule"]
+    assert by_where["jobs[2].schedule"].startswith("day-of-week: ")

@@ -31,6 +31,7 @@ from hrwcron.ports import (
     NullObserver,
     Published,
 )
+from hrwcron.schedule import field_hash
 from hrwcron.scheduler import Scheduler, Settings
 
 MEMBER_TTL = 0.8
@@ -474,6 +475,21 @@ async def test_job_added_live_does_not_fire_past_instants(cluster: Cluster) -> N
     assert min(t.due_ms for t in cluster.of("added")) > added - 50
     assert cluster.violations([late_starter], (added, end)) == ""
     assert cluster.of("hourly") == []  # its last instant was before the job existed
+
+
+async def test_H_fires_at_the_instants_hashed_from_the_job_name(cluster: Cluster) -> None:
+    # Every second second, on the seconds whose parity the job's name picks.
+    jobs = [JobSpec(name=f"pulse.{c}", schedule="H/2 * * * * *") for c in "abcd"]
+    start = await cluster.put(*jobs)
+    await cluster.start_all(["a", "b"])
+    end = second_after(now_ms(), 4)
+    await cluster.run_until(jobs, end)
+    for job in jobs:
+        parity = field_hash(job.name, "second") % 2
+        fired = [t.due_ms // 1000 for t in cluster.of(job.name)]
+        assert len(fired) >= 2 and all(s % 2 == parity for s in fired), (job.name, fired)
+    assert {field_hash(job.name, "second") % 2 for job in jobs} == {0, 1}
+    assert cluster.violations(jobs, (start, end)) == ""
 
 
 async def test_manual_trigger_does_not_fence_scheduled_ticks(cluster: Cluster) -> None:
