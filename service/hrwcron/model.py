@@ -8,7 +8,7 @@ from typing import Any, Literal
 import msgspec
 
 from .errors import JobSpecError, Problem, ScheduleError
-from .schedule import Schedule
+from .plan import TickPlan
 
 SCHEMA_VERSION = 1
 DEFAULT_SUBJECT_PREFIX = "hrwcron.trigger"
@@ -70,7 +70,33 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
     tags: list[str] = msgspec.field(default_factory=list)
     overlap: Overlap = "allow"
     description: str = ""
+    # When ticks happen at all (see plan.py): RFC 3339 instants, both ends included, and
+    # cron expressions or local date ranges whose ticks are skipped.
+    start: str | None = None
+    end: str | None = None
+    exclude: list[str] = msgspec.field(default_factory=list)
+    # Scheduled triggers the job fires in all; the count is shared state (see runcount.py).
+    max_runs: int | None = None
+    # Seconds after a job has no ticks left (its @at passed, its end passed, its runs are
+    # used up) until one replica deletes it.
+    delete_after: float | None = None
     v: int = SCHEMA_VERSION
+
+    def plan(self) -> TickPlan:
+        """The job's ticks: its schedule inside its window, with its exclusions."""
+        return TickPlan.parse(
+            self.schedule,
+            self.tz,
+            job=self.name,
+            start=self.start,
+            end=self.end,
+            exclude=self.exclude,
+        )
+
+    @property
+    def finite(self) -> bool:
+        """Whether the job can run out of ticks (so that ``delete_after`` means something)."""
+        return self.end is not None or self.max_runs is not None or _one_time(self.schedule)
 
     def trigger_subject(self, prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
         return self.subject or f"{prefix}.{self.name}"
@@ -85,8 +111,12 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
         prefix: str = DEFAULT_SUBJECT_PREFIX,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         check_schedule: bool = True,
+        now_ms: int | None = None,
     ) -> list[Problem]:
-        """Every rule this spec breaks (empty when valid)."""
+        """Every rule this spec breaks (empty when valid). With ``now_ms`` (a write made now,
+        through the admin API) also a job that would never fire from now on: an ``@at`` or an
+        ``end`` in the past, exclusions that leave no tick. Without it only what holds at any
+        time, so a config file that loaded once keeps loading."""
         found: list[Problem] = []
         bad_name = job_name_problem(self.name)
         if bad_name:
@@ -94,15 +124,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
         if self.v != SCHEMA_VERSION:
             found.append(Problem("v", f"schema version {self.v} is not supported (expected 1)"))
         if check_schedule:
-            try:
-                Schedule.parse(self.schedule, self.tz, job=self.name)
-            except ScheduleError as exc:
-                for p in exc.problems:
-                    if p.where == "tz":
-                        found.append(p)
-                    else:
-                        detail = f"{p.where}: {p.message}" if p.where else p.message
-                        found.append(Problem("schedule", detail))
+            found += self._plan_problems(now_ms)
         if not (0 < self.max_lateness <= 86_400):
             found.append(Problem("max_lateness", "must be more than 0 and at most 86400 seconds"))
         if not (0 <= self.jitter <= 3_600):
@@ -125,13 +147,59 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
                 found.append(
                     Problem("payload", f"is {size} bytes as JSON; the limit is {max_payload} bytes")
                 )
+        if self.max_runs is not None and not (1 <= self.max_runs <= MAX_RUNS):
+            found.append(Problem("max_runs", f"must be from 1 to {MAX_RUNS}"))
+        if self.delete_after is not None:
+            if not (0 < self.delete_after <= MAX_DELETE_AFTER):
+                found.append(
+                    Problem(
+                        "delete_after",
+                        f"must be more than 0 and at most {MAX_DELETE_AFTER:g} seconds (10 years)",
+                    )
+                )
+            elif not self.finite:
+                found.append(
+                    Problem(
+                        "delete_after",
+                        "applies to jobs that run out of ticks: give an @at schedule, an end "
+                        "or max_runs",
+                    )
+                )
         return found
+
+    def _plan_problems(self, now_ms: int | None) -> list[Problem]:
+        try:
+            plan = self.plan()
+        except ScheduleError as exc:
+            return [_located(p) for p in exc.problems]
+        late = None if plan.plain else plan.static_problem()
+        if late is None and now_ms is not None:
+            late = plan.never_fires_problem(now_ms)
+        return [] if late is None else [late]
 
     def validate(self, **kwargs: Any) -> JobSpec:
         found = self.problems(**kwargs)
         if found:
             raise JobSpecError(found)
         return self
+
+
+MAX_RUNS = 1_000_000_000
+MAX_DELETE_AFTER = 10 * 366 * 86_400.0
+_PLAN_FIELDS = ("tz", "start", "end")
+
+
+def _located(problem: Problem) -> Problem:
+    """A plan problem under the spec field it is about: the window's own fields as they are,
+    the schedule's (``minute``, ``@at``, ...) under ``schedule``."""
+    where = problem.where
+    if where in _PLAN_FIELDS or where.startswith("exclude["):
+        return problem
+    return Problem("schedule", f"{where}: {problem.message}" if where else problem.message)
+
+
+def _one_time(expr: str) -> bool:
+    return expr.strip().lower().startswith("@at")
 
 
 class TriggerMessage(msgspec.Struct, kw_only=True):

@@ -6,6 +6,9 @@ the rules here are explicit rather than inherited from a library:
 - 5 fields ``minute hour day-of-month month day-of-week`` or 6 with the **second first**;
   macros ``@yearly @annually @monthly @weekly @daily @midnight @hourly``; ``@every <duration>``
   ticks on the multiples of the interval since the Unix epoch (the zone plays no part).
+- ``@at <date and time>`` is due once: at an instant written with ``Z`` or an offset, or at a
+  local time in the zone read like a fixed-time schedule (first pass of a repeated hour, the
+  end of the gap for a skipped time).
 - A step wider than its range keeps the range's first value only (``*/30`` in hours is hour 0),
   as Vixie cron, cronie and croniter read it; step 0 is refused.
 - Forms from Quartz and EventBridge: day-of-month ``L`` (last day), ``L-n`` (n days before it,
@@ -47,7 +50,14 @@ import xxhash
 
 from hrwcron.errors import Problem, ScheduleError
 
-__all__ = ["Schedule", "field_hash", "jitter_ms", "parse_duration"]
+__all__ = [
+    "Schedule",
+    "field_hash",
+    "instant_of_wall",
+    "jitter_ms",
+    "parse_duration",
+    "wall_ms",
+]
 
 MACROS: dict[str, str] = {
     "@yearly": "0 0 1 1 *",
@@ -663,6 +673,29 @@ def _zone_table(tz: str) -> _ZoneTable:
     return _ZoneTable(_zone(tz))
 
 
+def wall_ms(instant_ms: int, tz: str) -> int:
+    """The local wall-clock time of ``instant_ms`` in ``tz``, as milliseconds since
+    1970-01-01T00:00 local (both passes of a repeated hour give the same wall times)."""
+    return instant_ms + _zone_table(tz).segment(instant_ms)[2]
+
+
+def instant_of_wall(wall: int, tz: str, *, after: int | None = None) -> int:
+    """The first instant (strictly after ``after`` when given) at which the local clock in
+    ``tz`` shows ``wall`` or later: the first pass of a repeated time, and the end of the gap
+    for a time a spring-forward skipped, as the DST policy of fixed-time schedules reads them.
+    """
+    zones = _zone_table(tz)
+    # No zone is more than 26 hours off UTC, so the clock shows less than ``wall`` here.
+    t = wall - 26 * 3_600_000 if after is None else after + 1
+    while True:
+        _, end, off, _ = zones.segment(t)
+        if t + off >= wall:
+            return t  # at ``after`` already, or the clock jumped over ``wall`` at a transition
+        if wall - off < end:
+            return wall - off
+        t = end
+
+
 # --- the schedule ---------------------------------------------------------------------------
 
 
@@ -698,13 +731,58 @@ class Schedule:
     _every_ms: int = field(default=0, compare=False, repr=False)
     _zones: _ZoneTable | None = field(default=None, compare=False, repr=False)
     _memo: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    # ``@at``: the one due instant.
+    _at_ms: int | None = field(default=None, compare=False, repr=False)
+    # The wall-clock span one match covers (a minute for 5 fields, a second for 6) and the
+    # longest unit (second, minute, hour, day) it always covers whole; for exclusions.
+    _resolution_s: int = field(default=60, compare=False, repr=False)
+    _span_s: int = field(default=60, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Built directly rather than through parse (a copy, a test): derive the rest from expr.
-        if self._cron is None and not self._every_ms:
+        if self._cron is None and not self._every_ms and self._at_ms is None:
             parsed = Schedule.parse(self.expr, self.tz, job=self.job)
-            for name in ("fixed_time", "job", "_cron", "_every_ms", "_zones"):
+            for name in (
+                "fixed_time",
+                "job",
+                "_cron",
+                "_every_ms",
+                "_zones",
+                "_at_ms",
+                "_resolution_s",
+                "_span_s",
+            ):
                 object.__setattr__(self, name, getattr(parsed, name))
+
+    @property
+    def at_ms(self) -> int | None:
+        """The instant of a one-time (``@at``) schedule; None for a recurring one."""
+        return self._at_ms
+
+    @property
+    def is_cron(self) -> bool:
+        """Whether this is a cron expression or macro (not ``@every`` or ``@at``)."""
+        return self._cron is not None
+
+    def covers(self, instant: int) -> bool:
+        """Whether the local wall time of ``instant`` falls on a time this cron expression
+        matches, at its resolution: the whole minute for 5 fields, the second for 6. (Both
+        passes of a repeated hour fall on the same wall times.) Always False for ``@every``
+        and ``@at``."""
+        cron = self._cron
+        if cron is None:
+            return False
+        second = wall_ms(instant, self.tz) // 1000
+        base = second - second % self._resolution_s
+        return cron.next_wall(base) == base
+
+    def covered_until(self, instant: int) -> int:
+        """For an instant this expression :meth:`covers`: the first instant after the longest
+        whole unit around it that the expression covers entirely (its minute, hour or day,
+        when the finer fields are ``*``), so a search can step over a covered stretch."""
+        wall = wall_ms(instant, self.tz)
+        span = self._span_s * 1000
+        return instant_of_wall((wall // span + 1) * span, self.tz, after=instant)
 
     @classmethod
     def parse(cls, expr: str, tz: str = "UTC", *, job: str | None = None) -> Schedule:
@@ -761,6 +839,8 @@ class Schedule:
     def _next(self, t: int) -> int | None:
         if self._every_ms:
             return (t // self._every_ms + 1) * self._every_ms
+        if self._at_ms is not None:
+            return self._at_ms if t < self._at_ms else None
         cron, zones = self._cron, self._zones
         if cron is None or zones is None:
             raise TypeError("schedule was not compiled")
@@ -810,16 +890,27 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
         if ms < MIN_EVERY_MS:
             raise _fail("duration", f"{parts[1]!r} is shorter than the minimum of 1s")
         return Schedule(expr, tz, False, _every_ms=int(ms))
+    if head == "@at":
+        if len(parts) != 2:
+            raise _fail(
+                "@at",
+                "takes one date and time, e.g. '@at 2026-12-24T09:00:00' (local time in the "
+                "job's zone) or '@at 2026-12-24T08:00:00Z'",
+            )
+        return Schedule(expr, tz, True, _zones=zones, _at_ms=_at_instant(parts[1], tz))
     if head.startswith("@"):
         if head not in MACROS:
             known = " ".join(MACROS)
-            raise _fail("expression", f"unknown macro {parts[0]!r}; known: {known} @every")
+            raise _fail("expression", f"unknown macro {parts[0]!r}; known: {known} @every @at")
         if len(parts) != 1:
             raise _fail("expression", f"{parts[0]} takes no fields, got {text!r}")
         parts = MACROS[head].split()
+    resolution = 60
     if len(parts) == 5:
         parts = ["0", *parts]
-    elif len(parts) != 6:
+    elif len(parts) == 6:
+        resolution = 1
+    else:
         raise _fail(
             "expression",
             f"expected 5 fields (minute hour day-of-month month day-of-week) or 6 with the "
@@ -827,7 +918,57 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
         )
     cron = _compile(parts, job)
     fixed = not parts[1].startswith("*") and not parts[2].startswith("*")
-    return Schedule(expr, tz, fixed, job, _cron=cron, _zones=zones)
+    return Schedule(
+        expr,
+        tz,
+        fixed,
+        job,
+        _cron=cron,
+        _zones=zones,
+        _resolution_s=resolution,
+        _span_s=_whole_span_s(cron, resolution),
+    )
+
+
+def _full(table: tuple[int, ...], size: int) -> bool:
+    return all(table[v] == v for v in range(size))
+
+
+def _whole_span_s(cron: _Cron, resolution: int) -> int:
+    """The longest unit (second, minute, hour, day) that ``cron`` covers whole wherever it
+    covers one instant of it."""
+    if resolution == 1 and not _full(cron.seconds, 60):
+        return 1
+    if not _full(cron.minutes, 60):
+        return 60
+    if not _full(cron.hours, 24):
+        return 3_600
+    return 86_400
+
+
+def _at_instant(text: str, tz: str) -> int:
+    """``@at``'s instant: a date and time with ``Z`` or an offset, or local wall time in ``tz``
+    read with the fixed-time DST policy (the first pass of a repeated hour; the end of the gap
+    for a skipped time)."""
+    example = "e.g. 2026-12-24T09:00:00 (local time in the job's zone) or 2026-12-24T08:00:00Z"
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise _fail("@at", f"{text!r} is not a date and time, {example}") from None
+    if "T" not in text.upper():
+        raise _fail("@at", f"{text!r} has no time of day, {example}")
+    if when.microsecond % 1000:
+        raise _fail("@at", f"{text!r} is more precise than a millisecond")
+    if when.tzinfo is not None:
+        ms = (when - _EPOCH) // timedelta(milliseconds=1)
+    else:
+        local = (when - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
+        if not _MIN_MS <= local < _MAX_MS:
+            raise _fail("@at", f"{text!r} is outside the supported years 1800-8999")
+        ms = instant_of_wall(local, tz)
+    if not _MIN_MS <= ms < _MAX_MS:
+        raise _fail("@at", f"{text!r} is outside the supported years 1800-8999")
+    return ms
 
 
 def jitter_ms(job: str, jitter_seconds: float) -> int:
