@@ -17,6 +17,7 @@ from .model import ClaimRecord, Heartbeat, JobSpec
 from .ports import (
     HEADER_KIND,
     HEADER_MSG_ID,
+    HEADER_RUN,
     HEADER_WATERMARK,
     FenceConflict,
     JobEvent,
@@ -25,6 +26,7 @@ from .ports import (
     Published,
     TriggerRecord,
 )
+from .runcount import RunCount
 
 T = TypeVar("T")
 
@@ -178,6 +180,7 @@ class MemoryTriggers:
         self._ids: dict[str, tuple[int, float]] = {}
         self._last: dict[str, StoredTrigger] = {}
         self._listeners: list[asyncio.Queue[tuple[str, LastTrigger]]] = []
+        self._seq = 0  # stream sequences are never reused, even after messages are dropped
 
     async def publish(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
@@ -192,7 +195,8 @@ class MemoryTriggers:
         seen = self._ids.get(msg_id)
         if msg_id and seen and now - seen[1] < self.duplicate_window * 1000:
             return Published(seen[0], duplicate=True)
-        stored = StoredTrigger(len(self.messages) + 1, subject, body, dict(headers), now)
+        self._seq += 1
+        stored = StoredTrigger(self._seq, subject, body, dict(headers), now)
         self.messages.append(stored)
         self._last[subject] = stored
         if msg_id:
@@ -205,6 +209,11 @@ class MemoryTriggers:
     async def last(self, subject: str) -> LastTrigger | None:
         stored = self._last.get(subject)
         return _as_last(stored) if stored else None
+
+    def forget(self, subject: str) -> None:
+        """Drop every message of ``subject``, as the stream's max_age eventually does."""
+        self.messages = [m for m in self.messages if m.subject != subject]
+        self._last.pop(subject, None)
 
     async def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]:
         queue: asyncio.Queue[tuple[str, LastTrigger]] = asyncio.Queue()
@@ -247,6 +256,7 @@ def _as_last(stored: StoredTrigger) -> LastTrigger:
         stored.seq,
         stored.headers.get(HEADER_MSG_ID, ""),
         int(stored.headers.get(HEADER_WATERMARK, "0")),
+        int(stored.headers.get(HEADER_RUN, "0")),
     )
 
 
@@ -307,3 +317,40 @@ class MemoryRuns:
 
     async def running(self, job: str) -> bool:
         return job in self.active
+
+
+class MemoryCounts:
+    """The durable run counts: a bucket of RunCount records changed only by compare-and-set."""
+
+    def __init__(self) -> None:
+        self._bucket: _Bucket[RunCount] = _Bucket(time.monotonic)
+        self.writes = 0
+
+    async def get(self, job: str) -> RunCount | None:
+        entry = self._bucket.live(job)
+        return entry.value if entry else None
+
+    async def raise_total(self, job: str, total: int) -> RunCount:
+        return self._change(
+            job, lambda held: RunCount(total=max(total, held.total), base=held.base)
+        )
+
+    async def reset(self, job: str, total: int) -> RunCount:
+        def reset(held: RunCount) -> RunCount:
+            top = max(total, held.total)
+            return RunCount(total=top, base=top)
+
+        return self._change(job, reset)
+
+    def _change(self, job: str, change: Callable[[RunCount], RunCount]) -> RunCount:
+        entry = self._bucket.live(job)
+        held = entry.value if entry else RunCount()
+        wanted = change(held)
+        if wanted == held and entry is not None:
+            return held
+        self.writes += 1
+        if entry is None:
+            self._bucket.create(job, wanted)
+        else:
+            self._bucket.update(job, wanted, entry.revision)
+        return wanted

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .model import ClaimRecord, Heartbeat, JobSpec
+from .runcount import RunCount
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 HEADER_JOB = "Hrwcron-Job"
@@ -17,6 +18,9 @@ HEADER_DUE = "Hrwcron-Due"
 # message. Manual triggers carry their predecessor's value forward so they never fence a tick.
 HEADER_WATERMARK = "Hrwcron-Watermark"
 HEADER_KIND = "Hrwcron-Kind"
+# The run number of a job with max_runs: scheduled triggers published so far, this one
+# included; manual and backfill triggers carry it forward (see runcount.py).
+HEADER_RUN = "Hrwcron-Run"
 
 
 class FenceConflict(Exception):
@@ -50,11 +54,13 @@ class Published:
 
 @dataclass(frozen=True, slots=True)
 class LastTrigger:
-    """The newest trigger on a subject: its stream sequence, Msg-Id and watermark (due ms)."""
+    """The newest trigger on a subject: its stream sequence, Msg-Id, watermark (due ms) and
+    run number (0 unless the job has max_runs)."""
 
     seq: int
     msg_id: str
     watermark: int
+    run: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +146,20 @@ class RunsPort(Protocol):
     """Run markers written by workers, read for ``overlap = "skip"``."""
 
     async def running(self, job: str) -> bool: ...
+
+
+class CountsPort(Protocol):
+    """The durable copy of each max_runs job's run count (see runcount.py)."""
+
+    async def get(self, job: str) -> RunCount | None: ...
+    async def raise_total(self, job: str, total: int) -> RunCount:
+        """Make the stored total at least ``total`` (compare-and-set); returns what is stored."""
+        ...
+
+    async def reset(self, job: str, total: int) -> RunCount:
+        """Start the count again: base and total become the larger of ``total`` and the
+        stored total; returns what is stored."""
+        ...
 
 
 class TickSpan(Protocol):

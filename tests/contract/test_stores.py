@@ -20,15 +20,18 @@ import pytest
 
 from harness import NatsServer, wait_for_async
 from hrwcron.errors import ConflictError, DuplicateNodeError
+from hrwcron.jetstream.counts import JetStreamCounts
 from hrwcron.jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers
 from hrwcron.jetstream.provision import Layout, provision
 from hrwcron.jetstream.triggers import JetStreamTriggers
-from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.memory import MemoryClaims, MemoryCounts, MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.model import ClaimRecord, Heartbeat, JobSpec
 from hrwcron.ports import (
     HEADER_MSG_ID,
+    HEADER_RUN,
     HEADER_WATERMARK,
     ClaimsPort,
+    CountsPort,
     FenceConflict,
     JobEvent,
     JobsPort,
@@ -54,6 +57,7 @@ class Backend:
     triggers: TriggersPort
     jobs: JobsPort
     prefix: str
+    counts: CountsPort
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +83,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
             MemoryTriggers(duplicate_window=DUPLICATE_WINDOW),
             MemoryJobs(),
             "ct.trigger",
+            MemoryCounts(),
         )
         return
     server: NatsServer = request.getfixturevalue("shared_server")
@@ -88,6 +93,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         claims_bucket=f"ct{n}_claims",
         jobs_bucket=f"ct{n}_jobs",
         runs_bucket=f"ct{n}_runs",
+        counts_bucket=f"ct{n}_counts",
         stream=f"CT{n}_TRIGGERS",
         subject_prefix=f"ct{n}.trigger",
         member_ttl=MEMBER_TTL,
@@ -104,6 +110,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
             JetStreamTriggers(js, layout.stream, layout.subject_prefix),
             JetStreamJobs(js, await js.key_value(layout.jobs_bucket), layout.jobs_bucket),
             layout.subject_prefix,
+            JetStreamCounts(js, await js.key_value(layout.counts_bucket), layout.counts_bucket),
         )
     finally:
         await client.close()
@@ -293,6 +300,55 @@ async def test_follow_on_an_empty_stream_is_loaded_at_once(backend: Backend) -> 
         assert await feed.next() == (f"{backend.prefix}.a", LastTrigger(first.seq, "a:1", 1))
     finally:
         await feed.close()
+
+
+async def test_the_run_number_travels_with_the_trigger(backend: Backend) -> None:
+    subject = f"{backend.prefix}.counted"
+    first = await backend.triggers.publish(
+        subject, b"{}", {**headers("c:1000", 1000), HEADER_RUN: "7"}, 0
+    )
+    assert await backend.triggers.last(subject) == LastTrigger(first.seq, "c:1000", 1000, 7)
+    feed = Stream(backend.triggers.follow())
+    try:
+        assert await feed.until(None) == [(subject, LastTrigger(first.seq, "c:1000", 1000, 7))]
+        plain = await backend.triggers.publish(subject, b"{}", headers("c:2000", 2000), first.seq)
+        # A trigger without the header (a job without max_runs) reads as run 0.
+        assert await feed.next() == (subject, LastTrigger(plain.seq, "c:2000", 2000, 0))
+    finally:
+        await feed.close()
+
+
+# --- run counts ------------------------------------------------------------------------------
+
+
+async def test_run_count_only_grows(backend: Backend) -> None:
+    counts = backend.counts
+    assert await counts.get("job.a") is None
+    raised = await counts.raise_total("job.a", 3)
+    assert (raised.total, raised.base) == (3, 0)
+    lower = await counts.raise_total("job.a", 2)
+    assert (lower.total, lower.base) == (3, 0)
+    stored = await counts.get("job.a")
+    assert stored is not None and (stored.total, stored.base) == (3, 0)
+    assert await counts.get("job.b") is None
+
+
+async def test_concurrent_raises_settle_on_the_largest(backend: Backend) -> None:
+    counts = backend.counts
+    await asyncio.gather(*(counts.raise_total("job.c", n) for n in (4, 9, 2, 7, 9, 1)))
+    stored = await counts.get("job.c")
+    assert stored is not None and stored.total == 9
+
+
+async def test_run_count_reset_starts_again_from_the_largest_total(backend: Backend) -> None:
+    counts = backend.counts
+    await counts.raise_total("job.d", 5)
+    reset = await counts.reset("job.d", 3)
+    assert (reset.total, reset.base) == (5, 5)
+    again = await counts.reset("job.e", 2)  # never counted in the bucket: the stream's number
+    assert (again.total, again.base) == (2, 2)
+    raised = await counts.raise_total("job.d", 6)
+    assert (raised.total, raised.base) == (6, 5)
 
 
 # --- members -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from ..ports import (
     HEADER_MSG_ID,
+    HEADER_RUN,
     HEADER_WATERMARK,
     FenceConflict,
     LastTrigger,
@@ -23,13 +24,21 @@ from ..ports import (
 from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE
 
 
+def _number(headers: Mapping[str, str], name: str) -> int:
+    try:
+        return int(headers.get(name, "0"))
+    except ValueError:
+        return 0
+
+
 def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
     headers = headers or {}
-    try:
-        watermark = int(headers.get(HEADER_WATERMARK, "0"))
-    except ValueError:
-        watermark = 0
-    return LastTrigger(seq, headers.get(HEADER_MSG_ID, ""), watermark)
+    return LastTrigger(
+        seq,
+        headers.get(HEADER_MSG_ID, ""),
+        _number(headers, HEADER_WATERMARK),
+        _number(headers, HEADER_RUN),
+    )
 
 
 class JetStreamTriggers:
