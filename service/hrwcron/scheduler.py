@@ -26,14 +26,17 @@ from .clock import Clock
 from .errors import ConflictError, DuplicateNodeError, HrwcronError, NotFoundError, Problem
 from .failpoints import Failpoints
 from .model import ClaimRecord, Heartbeat, JobSpec, TriggerMessage, encode
+from .plan import TickPlan
 from .planner import Candidate, collapse_latest, first_due, next_wake, ranking
 from .ports import (
     HEADER_DUE,
     HEADER_JOB,
     HEADER_KIND,
     HEADER_MSG_ID,
+    HEADER_RUN,
     HEADER_WATERMARK,
     ClaimsPort,
+    CountsPort,
     FenceConflict,
     JobEvent,
     JobsPort,
@@ -45,6 +48,7 @@ from .ports import (
     TickSpan,
     TriggersPort,
 )
+from .runcount import RunCount, next_run, runs_done
 from .schedule import Schedule, jitter_ms
 from .ticks import TickId, format_ms
 from .view import MembershipView
@@ -56,7 +60,17 @@ log = logging.getLogger("hrwcron.scheduler")
 YIELD_EVERY = 200
 
 RESOLVED = frozenset(
-    {"started", "duplicate", "already_claimed", "not_owner", "missed", "fenced", "skipped"}
+    {
+        "started",
+        "duplicate",
+        "already_claimed",
+        "not_owner",
+        "missed",
+        "fenced",
+        "skipped",
+        "excluded",
+        "max_runs",
+    }
 )
 
 
@@ -83,6 +97,7 @@ class Settings:
 class _Job:
     spec: JobSpec
     schedule: Schedule
+    plan: TickPlan
     subject: str
     jitter_ms: int
     revision: int
@@ -95,6 +110,8 @@ class _Job:
     owner: str | None = None
     order: list[str] = field(default_factory=list)  # ranking under ``order_generation``
     order_generation: int = -1
+    # Set once the job has no tick left and delete_after is set: when it is to be deleted.
+    delete_at: float | None = None
 
 
 # A heap entry: (wake at ms, push sequence, job name, the job's entry generation). A plain
@@ -113,6 +130,7 @@ class Scheduler:
         jobs: JobsPort,
         observer: Observer,
         runs: RunsPort | None = None,
+        counts: CountsPort | None = None,
         clock: Clock | None = None,
         failpoints: Failpoints | None = None,
     ) -> None:
@@ -125,6 +143,12 @@ class Scheduler:
         self._triggers = triggers
         self._jobs_store = jobs
         self._runs = runs
+        self._counts = counts
+        # Run counts of max_runs jobs: the durable copies read so far, and reads and writes
+        # under way (one of each per job at a time).
+        self._run_counts: dict[str, RunCount] = {}
+        self._count_reads: set[str] = set()
+        self._count_writes: set[str] = set()
         self._observer = observer
         self._failpoints = failpoints or Failpoints({})
         self.view = MembershipView(self.node, settings.member_ttl, self.clock.monotonic)
@@ -376,13 +400,18 @@ class Scheduler:
             self._by_subject.pop(old.subject, None)
             old.entry += 1  # invalidates its heap entry; an in-flight act sees it too
             del self.jobs[event.name]
+        if old is None or event.spec is None or event.error:
+            # A job that (re)appears reads its run count again: deleting it may have reset it.
+            self._run_counts.pop(event.name, None)
         if event.spec is None or event.error:
             return
         spec = event.spec
         subject = spec.trigger_subject(self.settings.subject_prefix)
+        plan = spec.plan()
         job = _Job(
             spec=spec,
-            schedule=Schedule.parse(spec.schedule, spec.tz, job=spec.name),
+            schedule=plan.schedule,
+            plan=plan,
             subject=subject,
             jitter_ms=jitter_ms(spec.name, spec.jitter),
             revision=event.revision,
@@ -395,9 +424,7 @@ class Scheduler:
         if spec.paused:
             return
         same_schedule = (
-            old is not None
-            and old.due is not None
-            and (old.spec.schedule, old.spec.tz) == (spec.schedule, spec.tz)
+            old is not None and old.due is not None and old.plan.identity == plan.identity
         )
         if same_schedule and old is not None:
             job.due = old.due
@@ -405,14 +432,19 @@ class Scheduler:
         else:
             last = self.last.get(subject)
             job.due = first_due(
-                job.schedule,
+                job.plan,
                 now_ms=self.clock.now_ms(),
                 lateness_ms=spec.max_lateness_ms,
                 last_done_ms=last.watermark if last else None,
                 written_ms=event.written_ms,
             )
         self._collapse(job)
-        self._push(job, (job.due or 0) + job.jitter_ms)
+        if job.due is None:
+            self._ran_out(job)
+            return
+        if spec.max_runs is not None:
+            self._read_count(job)
+        self._push(job, job.due + job.jitter_ms)
 
     # ------------------------------------------------------------------ trigger history
 
@@ -442,6 +474,8 @@ class Scheduler:
             job = self.jobs.get(name) if name else None
             if job and job.due is not None and not job.busy and seen.watermark >= job.due:
                 self._push(job, 0)
+            if job and job.spec.max_runs is not None:
+                self._mirror_count(job)
 
     def _done(self, job: _Job, due: int) -> LastTrigger | None:
         last = self.last.get(job.subject)
@@ -491,10 +525,15 @@ class Scheduler:
 
     def _evaluate(self, job: _Job, now: float, ready: bool) -> None:
         due = job.due
-        if due is None or self._stopping:
+        if self._stopping:
+            return
+        if due is None:
+            self._delete_when_due(job, now, ready)
             return
         if self._done(job, due):
             self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
+            return
+        if job.spec.max_runs is not None and self._out_of_runs(job, now):
             return
         order = self._order(job)
         owner = order[0] if order else None
@@ -502,6 +541,11 @@ class Scheduler:
             if job.owner is not None:
                 self._observer.owner_changed(job.spec.name, job.owner, owner)
             job.owner = owner
+        if job.plan.exclusions and job.plan.excluded(due):
+            # Never fired, late or otherwise; counted once, by the owner, like a missed tick.
+            counts = owner == self.node or (owner is None and ready)
+            self._finish(job, "excluded" if counts else "not_owner", due, -1, 0, count=counts)
+            return
         if now > due + job.spec.max_lateness_ms:
             counts = owner == self.node or (owner is None and ready)
             self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
@@ -587,19 +631,199 @@ class Scheduler:
         job.acted = False
         job.claim_seen = None
         self._awaiting_turn.discard(job.spec.name)
-        job.due = job.schedule.next_after(due)
+        if outcome == "started" and job.spec.max_runs is not None:
+            self._mirror_count(job, published=True)
+        job.due = job.plan.next_after(due)
         self._collapse(job)
+        if job.due is None:
+            self._ran_out(job)
+            return
         self._push(job, job.due + job.jitter_ms)
 
     def _collapse(self, job: _Job) -> None:
         if job.spec.catchup != "latest" or job.due is None:
             return
-        job.due, passed = collapse_latest(job.schedule, job.due, self.clock.now_ms())
-        if passed and job.owner == self.node:
-            for _ in range(passed):
-                self._observer.outcome(
-                    job.spec.name, "missed", due_ms=job.due, rank=0, attempt=0, lateness_ms=None
-                )
+        collapsed = collapse_latest(job.plan, job.due, self.clock.now_ms())
+        job.due = collapsed.due
+        if job.owner == self.node:
+            for outcome, passed in (("missed", collapsed.missed), ("excluded", collapsed.excluded)):
+                for _ in range(passed):
+                    self._observer.outcome(
+                        job.spec.name, outcome, due_ms=job.due, rank=0, attempt=0, lateness_ms=None
+                    )
+
+    # ------------------------------------------------------------- jobs that run out of ticks
+
+    def _ran_out(self, job: _Job) -> None:
+        """The job has no tick left: its window ended, its one-time instant passed or its runs
+        are used up. It stays (status shows it done or ended) unless ``delete_after`` is set."""
+        job.due = None
+        job.acted = False
+        job.claim_seen = None
+        self._awaiting_turn.discard(job.spec.name)
+        if job.spec.delete_after is None or job.delete_at is not None:
+            return
+        last = self.last.get(job.subject)
+        since: float
+        if job.plan.final_ms is not None:
+            since = job.plan.final_ms
+        elif last is not None and last.watermark:  # ended by its run limit: from the last run
+            since = last.watermark
+        else:
+            since = self.clock.now_ms()
+        job.delete_at = since + job.spec.delete_after * 1000
+        self._push(job, job.delete_at)
+
+    def _delete_when_due(self, job: _Job, now: float, ready: bool) -> None:
+        """One replica deletes a finished job once ``delete_after`` has passed: the owner at
+        once, the next candidates a failover step apart, each compare-and-set on the revision
+        it knows, so a second delete (or an edit made meanwhile) simply wins."""
+        if job.delete_at is None:
+            return
+        if not ready:
+            self._push(job, now + 1000)
+            return
+        order = self._order(job)
+        if self.node not in order:
+            return
+        step = int(self.settings.failover_step * 1000)
+        wake = next_wake(now, int(job.delete_at), order.index(self.node), step)
+        if wake is not None:
+            self._push(job, wake)
+            return
+        job.entry += 1  # one delete at a time; a failed one pushes the job again
+        self._spawn(self._delete_finished(job), f"delete-{job.spec.name}")
+
+    async def _delete_finished(self, job: _Job) -> None:
+        name = job.spec.name
+        try:
+            await self._jobs_store.delete(name, job.revision)
+        except (ConflictError, NotFoundError):
+            log.info("job %s changed or was deleted before its delete_after cleanup", name)
+        except Exception as exc:
+            log.warning("job %s: deleting it after delete_after failed: %s; retrying", name, exc)
+            if self.jobs.get(name) is job:
+                self._push(job, self.clock.now_ms() + 1000)
+        else:
+            log.info(
+                "job %s deleted: no tick left and delete_after (%g s) passed",
+                name,
+                job.spec.delete_after,
+            )
+
+    # ----------------------------------------------------------------------- run limits
+
+    def runs_done(self, name: str) -> int | None:
+        """Scheduled triggers fired by a max_runs job so far; None when unknown yet."""
+        job = self.jobs.get(name)
+        record = self._run_counts.get(name)
+        if job is None or record is None:
+            return None
+        last = self.last.get(job.subject)
+        return runs_done(record, last.run if last else 0)
+
+    def _out_of_runs(self, job: _Job, now: float) -> bool:
+        """True when the job must not act on its tick: its count is unknown yet (fail closed;
+        look again shortly) or its runs are used up (then it has no tick left)."""
+        done = self.runs_done(job.spec.name)
+        if done is None:
+            self._read_count(job)
+            self._push(job, now + 250)
+            return True
+        if done >= (job.spec.max_runs or 0):
+            self._ran_out(job)
+            return True
+        return False
+
+    def _read_count(self, job: _Job) -> None:
+        name = job.spec.name
+        if name in self._run_counts or name in self._count_reads:
+            return
+        if self._counts is None:
+            self._run_counts[name] = RunCount()  # no durable copy: the stream's numbers only
+            return
+        self._count_reads.add(name)
+        self._spawn(self._fetch_count(name), f"count-{name}")
+
+    async def _fetch_count(self, name: str) -> None:
+        assert self._counts is not None
+        try:
+            stored = await self._counts.get(name)
+        except Exception as exc:
+            log.warning("run count of %s not readable (%s); retrying", name, exc)
+            return
+        finally:
+            self._count_reads.discard(name)
+        job = self.jobs.get(name)
+        if job is None:
+            return
+        known = self._run_counts.get(name)
+        record = stored or RunCount()
+        self._run_counts[name] = record if known is None else known.merged(record)
+        self._mirror_count(job)
+        if job.due is not None and not job.busy:
+            self._push(job, 0)
+
+    def _mirror_count(self, job: _Job, *, published: bool = False) -> None:
+        """Raise the durable copy to the run number of the newest trigger on the job's
+        subject: done by the replica that published it and by the job's owner, so the count
+        survives the stream forgetting the trigger."""
+        name = job.spec.name
+        record = self._run_counts.get(name)
+        last = self.last.get(job.subject)
+        if self._counts is None or record is None or last is None or last.run <= record.total:
+            return
+        if name in self._count_writes:
+            return
+        order = self._order(job)
+        if not published and (not order or order[0] != self.node):
+            return
+        self._count_writes.add(name)
+        self._spawn(self._write_count(name, last.run), f"count-write-{name}")
+
+    async def _write_count(self, name: str, total: int) -> None:
+        assert self._counts is not None
+        try:
+            stored = await self._counts.raise_total(name, total)
+        except Exception as exc:
+            log.warning("run count of %s not saved (%s); the next trigger retries", name, exc)
+            return
+        finally:
+            self._count_writes.discard(name)
+        known = self._run_counts.get(name)
+        if known is not None:
+            self._run_counts[name] = known.merged(stored)
+        job = self.jobs.get(name)
+        if job is not None:
+            self._mirror_count(job)  # a newer trigger may have arrived meanwhile
+
+    async def _run_header(self, job: _Job, last: LastTrigger | None, scheduled: bool) -> int | None:
+        """The run number a trigger of a max_runs job carries, from the very predecessor its
+        publish is fenced against; None when a scheduled tick would exceed max_runs."""
+        name = job.spec.name
+        if name not in self._run_counts:
+            if self._counts is None:
+                self._run_counts[name] = RunCount()
+            else:
+                stored = await self._counts.get(name)
+                known = self._run_counts.get(name)
+                record = stored or RunCount()
+                self._run_counts[name] = record if known is None else known.merged(record)
+        record = self._run_counts[name]
+        return next_run(record, last.run if last else 0, job.spec.max_runs or 0, scheduled)
+
+    async def reset_runs(self, name: str, subject: str) -> None:
+        """Start a deleted job's run count again, so a job created anew under the same name
+        gets all of its runs; nothing to do for a job that never counted any."""
+        if self._counts is None:
+            return
+        last = await self._triggers.last(subject)
+        stored = await self._counts.get(name)
+        total = max(last.run if last else 0, stored.total if stored else 0)
+        if stored is None and total == 0:
+            return
+        await self._counts.reset(name, total)
+        self._run_counts.pop(name, None)
 
     # ------------------------------------------------------------------ claim and publish
 
@@ -701,6 +925,11 @@ class Scheduler:
                 HEADER_WATERMARK: str(watermark),
                 HEADER_KIND: kind,
             }
+            if job.spec.max_runs is not None:
+                run = await self._run_header(job, last, scheduled)
+                if run is None:
+                    return "max_runs"  # the run limit was reached before this tick
+                headers[HEADER_RUN] = str(run)
             attributes = {
                 "messaging.system": "nats",
                 "messaging.destination.name": job.subject,
@@ -721,7 +950,8 @@ class Scheduler:
                         self._remember(job.subject, fresh)
                     continue
             if not ack.duplicate:
-                self._remember(job.subject, LastTrigger(ack.seq, msg_id, watermark))
+                run = int(headers.get(HEADER_RUN, 0))
+                self._remember(job.subject, LastTrigger(ack.seq, msg_id, watermark, run))
             return "duplicate" if ack.duplicate else "started"
         return "lock_busy"
 

@@ -56,6 +56,8 @@ OUTCOMES = (
     "missed",
     "fenced",
     "skipped",
+    "excluded",
+    "max_runs",
     "error",
 )
 CONTENTION = frozenset({"lock_busy", "already_claimed"})
