@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from .errors import HrwcronError
 from .failpoints import Failpoints
 from .http import HttpServer
 from .jetstream.connect import connect
+from .jetstream.counts import JetStreamCounts
 from .jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers, JetStreamRuns
 from .jetstream.provision import Layout, provision
 from .jetstream.triggers import JetStreamTriggers
@@ -43,6 +45,7 @@ def layout(config: Config) -> Layout:
         claims_bucket=s.claims_bucket,
         jobs_bucket=s.jobs_bucket,
         runs_bucket=s.runs_bucket,
+        counts_bucket=s.counts_bucket,
         stream=s.stream,
         subject_prefix=s.subject_prefix,
         member_ttl=s.member_ttl,
@@ -83,6 +86,7 @@ class Stores:
     jobs: JetStreamJobs
     runs: JetStreamRuns
     triggers: JetStreamTriggers
+    counts: JetStreamCounts
 
 
 async def open_stores(config: Config, *, provision_missing: bool = True) -> Stores:
@@ -105,6 +109,9 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
             jobs=JetStreamJobs(js, await js.key_value(shape.jobs_bucket), shape.jobs_bucket),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
             triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix),
+            counts=JetStreamCounts(
+                js, await js.key_value(shape.counts_bucket), shape.counts_bucket
+            ),
         )
     except BaseException:
         await client.close()
@@ -146,7 +153,9 @@ async def start_replica(
     http: HttpServer | None = None
     try:
         if config.scheduler.apply_jobs and config.jobs:
-            diff = await diff_jobs(stores.jobs, config.jobs, prune=False)
+            # A one-time job that ran and was deleted (delete_after) stays gone.
+            now = int(time.time() * 1000)
+            diff = await diff_jobs(stores.jobs, config.jobs, prune=False, now_ms=now)
             if not diff.empty:
                 log.info("applying jobs from the config file: %s", ", ".join(diff.lines()))
                 await apply_diff(stores.jobs, diff)
@@ -169,6 +178,7 @@ async def start_replica(
             triggers=stores.triggers,
             jobs=stores.jobs,
             runs=stores.runs,
+            counts=stores.counts,
             observer=observer or telemetry or NullObserver(),
             clock=clock,
             failpoints=Failpoints(env),

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -652,7 +653,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
 
     async def work(admin: AdminClient) -> int:
         store = ApiJobs(admin)
-        diff = await diff_jobs(store, specs, prune=args.prune)
+        now = int(time.time() * 1000)
+        diff = await diff_jobs(store, specs, prune=args.prune, now_ms=now)
         if args.json:
             _print_json(
                 {
@@ -660,6 +662,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
                     "update": [s.name for s, _ in diff.update],
                     "delete": [n for n, _ in diff.delete],
                     "unchanged": diff.unchanged,
+                    "expired": [name for name, _ in diff.expired],
                     "dry_run": args.dry_run,
                 }
             )

@@ -90,7 +90,7 @@ def _cmd_provision(args: argparse.Namespace) -> int:
 def _resources(config: Config) -> list[tuple[str, str]]:
     """(label, JetStream stream name) of everything hrwcron keeps, in provisioning order."""
     s = config.scheduler
-    buckets = (s.members_bucket, s.claims_bucket, s.jobs_bucket, s.runs_bucket)
+    buckets = (s.members_bucket, s.claims_bucket, s.jobs_bucket, s.runs_bucket, s.counts_bucket)
     return [(f"bucket {b}", f"KV_{b}") for b in buckets] + [(f"stream {s.stream}", s.stream)]
 
 

@@ -9,6 +9,7 @@ file in one round trip. Secrets (passwords, tokens, credentials inside server UR
 from __future__ import annotations
 
 import contextlib
+import datetime
 import difflib
 import math
 import os
@@ -138,6 +139,7 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     claims_bucket: str = "hrwcron_claims"
     jobs_bucket: str = "hrwcron_jobs"
     runs_bucket: str = "hrwcron_runs"
+    counts_bucket: str = "hrwcron_counts"
     stream: str = "HRWCRON_TRIGGERS"
     subject_prefix: str = DEFAULT_SUBJECT_PREFIX
     replicas: int = 1
@@ -230,11 +232,11 @@ _DURATIONS: dict[str, tuple[str, ...]] = {
     ),
     "http": (),
     "telemetry": (),
-    "jobs": ("max_lateness", "jitter"),
+    "jobs": ("max_lateness", "jitter", "delete_after"),
 }
 _SECRET_PATHS = frozenset(f"nats.{k}" for k in _SECRET_KEYS)
 _FILE_KEYS = ("creds", "nkey_seed", "tls_ca", "tls_cert", "tls_key")
-_BUCKET_KEYS = ("members_bucket", "claims_bucket", "jobs_bucket", "runs_bucket")
+_BUCKET_KEYS = ("members_bucket", "claims_bucket", "jobs_bucket", "runs_bucket", "counts_bucket")
 _ENV_ALIASES: dict[str, tuple[str, str]] = {
     "HRWCRON_NATS_URL": ("nats", "servers"),
     "HRWCRON_NODE_ID": ("scheduler", "node_id"),
@@ -346,6 +348,10 @@ def _coerce(value: Any, typ: Any, *, duration: bool, from_env: bool, secret: boo
     if typ is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, datetime.date | datetime.time):
+            # A TOML date or date-time written without quotes (start, end, exclude): the same
+            # text in ISO form, so it is validated like a quoted one.
+            return value.isoformat()
         raise _bad(f"expected a string, got {_shown(value, secret)}")
     raise TypeError(f"no conversion to {typ!r}")  # a new field type needs a branch above
 

@@ -15,6 +15,9 @@ class JobDiff:
     update: list[tuple[JobSpec, int]] = field(default_factory=list)  # (new spec, revision read)
     delete: list[tuple[str, int]] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    # Not in the bucket and would never fire if written now (an @at or end that has passed):
+    # left out, so a file re-applied after its one-time jobs ran does not bring them back.
+    expired: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -25,17 +28,25 @@ class JobDiff:
             [f"+ {s.name} ({s.schedule})" for s in self.create]
             + [f"~ {s.name} ({s.schedule})" for s, _ in self.update]
             + [f"- {name}" for name, _ in self.delete]
+            + [f"= {name} (not created: {why})" for name, why in self.expired]
         )
 
 
-async def diff_jobs(store: JobsEditor, specs: Sequence[JobSpec], *, prune: bool) -> JobDiff:
+async def diff_jobs(
+    store: JobsEditor, specs: Sequence[JobSpec], *, prune: bool, now_ms: int | None = None
+) -> JobDiff:
+    """What to write so the bucket holds ``specs``. With ``now_ms``, a job missing from the
+    bucket that would never fire from now on is not created (``expired``)."""
     current = await store.snapshot()
     diff = JobDiff()
     wanted = {spec.name: spec for spec in specs}
     for name, spec in wanted.items():
         existing = current.get(name)
         if existing is None or existing.spec is None:
-            if existing is None:
+            late = None if now_ms is None else spec.never_fires_problem(None, now_ms)
+            if existing is None and late is not None:
+                diff.expired.append((name, f"{late.where}: {late.message}"))
+            elif existing is None:
                 diff.create.append(spec)
             else:  # a malformed stored value: replace it
                 diff.update.append((spec, existing.revision))

@@ -93,6 +93,21 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
             exclude=self.exclude,
         )
 
+    def _ticks(self) -> tuple[object, ...]:
+        return (self.name, self.schedule, self.tz, self.start, self.end, self.exclude)
+
+    def never_fires_problem(self, before: JobSpec | None, now_ms: int) -> Problem | None:
+        """For a write made now (the admin API): why a new job, or one whose ticks change,
+        would never fire from now on (an @at or end in the past, exclusions that leave
+        nothing). An edit that leaves the ticks alone, such as a finished one-time job's
+        description, is not refused for being finished."""
+        if before is not None and before._ticks() == self._ticks():
+            return None
+        try:
+            return self.plan().never_fires_problem(now_ms)
+        except ScheduleError:
+            return None  # reported by problems()
+
     @property
     def finite(self) -> bool:
         """Whether the job can run out of ticks (so that ``delete_after`` means something)."""

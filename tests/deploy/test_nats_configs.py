@@ -274,6 +274,7 @@ async def test_provision_with_scheduler_role(
         "bucket hrwcron_claims",
         "bucket hrwcron_jobs",
         "bucket hrwcron_runs",
+        "bucket hrwcron_counts",
         f"stream {STREAM}",
     ]
     assert all("replicas 3" in line for line in lines), lines
@@ -295,6 +296,7 @@ async def test_worker_cannot_fire_or_claim(
             "$KV.hrwcron_claims.forged.1",
             "$KV.hrwcron_members.forged",
             "$KV.hrwcron_jobs.forged",
+            "$KV.hrwcron_counts.forged",
             f"$JS.API.STREAM.PURGE.{STREAM}",
             "$JS.API.STREAM.DELETE.KV_hrwcron_claims",
         ):

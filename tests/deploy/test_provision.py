@@ -17,6 +17,7 @@ RESOURCES = [
     "bucket hrwcron_claims",
     "bucket hrwcron_jobs",
     "bucket hrwcron_runs",
+    "bucket hrwcron_counts",
     "stream HRWCRON_TRIGGERS",
 ]
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from hrwcron.admin import service as admin_service
 from hrwcron.admin.api import REQUEST_TYPES, ErrorReply, RequestProblem, decode_request
+from hrwcron.clock import Clock
 from hrwcron.config import ConfigFileError, parse_config
 from hrwcron.errors import JobSpecError, Problem
 from hrwcron.jetstream.triggers import _last
@@ -357,6 +358,10 @@ class _Scheduler:
         self.settings = Settings(node_id="fuzz")
         self.jobs: dict[str, Any] = {}
         self.node = "fuzz"
+        self.clock = Clock()
+
+    async def reset_runs(self, name: str, subject: str) -> None:
+        return None
 
 
 class _Client:

@@ -311,6 +311,13 @@ class AdminService:
                     "spec.subject",
                 )
         existing = await self._jobs.get(spec.name)
+        now = int(self._scheduler.clock.now_ms())
+        late = spec.never_fires_problem(existing.spec if existing else None, now)
+        if late is not None:
+            where = f"spec.{late.where}"
+            raise ApiError(
+                "bad_request", f"{where}: {late.message}", where, [Problem(where, late.message)]
+            )
         if request.revision == 0 and existing is not None:
             raise ApiError(
                 "conflict",
@@ -328,6 +335,10 @@ class AdminService:
         if request.revision is not None and request.revision != stored.revision:
             raise _stale(request.name, request.revision, stored.revision)
         await self._jobs.delete(request.name, stored.revision)
+        if stored.spec is not None:
+            # Created anew later, the job gets all of its max_runs again.
+            subject = stored.spec.trigger_subject(self._scheduler.settings.subject_prefix)
+            await self._scheduler.reset_runs(request.name, subject)
         log.info("job %s deleted", request.name)
         return DeleteResult(name=request.name)
 

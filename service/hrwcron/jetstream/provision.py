@@ -29,6 +29,7 @@ class Layout:
     claims_bucket: str = "hrwcron_claims"
     jobs_bucket: str = "hrwcron_jobs"
     runs_bucket: str = "hrwcron_runs"
+    counts_bucket: str = "hrwcron_counts"
     stream: str = "HRWCRON_TRIGGERS"
     subject_prefix: str = "hrwcron.trigger"
     member_ttl: float = 3.0
@@ -60,6 +61,8 @@ async def provision(js: JetStreamContext, layout: Layout, longest_lateness: floa
     await _bucket(
         js, layout, layout.runs_bucket, StorageType.MEMORY, 1, layout.run_marker_ttl, problems
     )
+    # Run counts of max_runs jobs must outlive the trigger stream's max_age: no TTL.
+    await _bucket(js, layout, layout.counts_bucket, layout.storage_type, 1, None, problems)
     await _stream(js, layout, longest_lateness, problems)
     if problems:
         raise StreamConfigError("; ".join(problems))
