@@ -293,22 +293,39 @@ def _members_table(status: dict[str, Any]) -> str:
     )
 
 
+def _window(job: dict[str, Any]) -> str:
+    """The job's active window and exclusions under its schedule, when it has any."""
+    parts = []
+    if job.get("start"):
+        parts.append(f"from {_e(job['start'])}")
+    if job.get("end"):
+        parts.append(f"until {_e(job['end'])}")
+    excluded = job.get("exclude") or []
+    if excluded:
+        parts.append("except " + ", ".join(f"<code>{_e(x)}</code>" for x in excluded))
+    return "".join(f'<br><span class="muted">{part}</span>' for part in parts)
+
+
 def _jobs_table(status: dict[str, Any]) -> str:
     now = status["now_ms"]
     rows = []
     for j in status["jobs"]:
         owner = _e(j["owner"]) if j["owner"] else '<span class="bad">nobody eligible</span>'
         failover = " → ".join(_e(n) for n in j["failover"][1:]) or '<span class="muted">—</span>'
-        if j["paused"]:
-            due = '<span class="muted">paused</span>'
-        elif j["next_due_ms"] is None:
-            due = '<span class="muted">—</span>'
+        state = j.get("state") or ("paused" if j["paused"] else "active")
+        if state == "paused" or j["next_due_ms"] is None:
+            due = f'<span class="muted">{_e(state if state != "active" else "—")}</span>'
         else:
             due = f"{_e(j['next_due'])}<br>{_e(_until(j['next_fire_ms'] - now))}"
+            if state == "waiting":
+                due = f'<span class="muted">waiting for start</span><br>{due}'
+        if j.get("runs_left") is not None:
+            left = f"{_e(j['runs_left'])} of {_e(j['max_runs'])} runs left"
+            due += f'<br><span class="muted">{left}</span>'
         rows.append(
             f'<tr><td><code>{_e(j["name"])}</code><br><span class="muted">'
             f"{_e(j['description'])}</span></td>"
-            f"<td><code>{_e(j['schedule'])}</code><br>{_e(j['tz'])}</td>"
+            f"<td><code>{_e(j['schedule'])}</code><br>{_e(j['tz'])}{_window(j)}</td>"
             f"<td>{owner}</td><td>{failover}</td><td>{due}</td>"
             f"<td>{_last_cell(j['last'])}</td><td>{_e(', '.join(j['tags']))}</td>"
             f'<td class="mono">{_e(j["payload"])}</td></tr>'

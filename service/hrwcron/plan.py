@@ -289,8 +289,10 @@ class TickPlan:
             instant = self.start_ms - 1
         try:
             due = self.schedule.next_after(instant)
-        except ScheduleError:
-            return None  # past the last instant a schedule can have
+        except ScheduleError as exc:
+            if exc.field == "instant":
+                raise  # asked about an instant outside the supported years
+            return None  # past the last instant the schedule has
         if self.end_ms is not None and due > self.end_ms:
             return None
         return due
@@ -377,6 +379,33 @@ class TickPlan:
             return None
         until = f" up to end ({format_ms(self.end_ms)})" if self.end_ms is not None else ""
         return Problem("exclude", f"removes {which}{until}: the job would never fire")
+
+
+def lifecycle(
+    plan: TickPlan,
+    *,
+    paused: bool,
+    due: int | None,
+    now_ms: float,
+    runs_left: int | None,
+) -> str:
+    """A job's state for people: ``paused``; ``waiting`` for its start; ``active``; ``done``
+    (its one-time instant passed or its runs are used up) or ``ended`` (its window closed)
+    once it has no tick left."""
+    if paused:
+        return "paused"
+    if due is None:
+        if plan.at_ms is not None or runs_left == 0:
+            return "done"
+        return "ended"
+    if plan.start_ms is not None and now_ms < plan.start_ms:
+        return "waiting"
+    return "active"
+
+
+# How far a status read looks past excluded ticks for the next one that fires: enough to step
+# over weeks of excluded days, cheap enough for thousands of jobs per request.
+STATUS_SEARCH_BUDGET = 2_000
 
 
 @lru_cache(maxsize=4096)

@@ -26,7 +26,7 @@ from .clock import Clock
 from .errors import ConflictError, DuplicateNodeError, HrwcronError, NotFoundError, Problem
 from .failpoints import Failpoints
 from .model import ClaimRecord, Heartbeat, JobSpec, TriggerMessage, encode
-from .plan import TickPlan
+from .plan import STATUS_SEARCH_BUDGET, TickPlan, lifecycle
 from .planner import Candidate, collapse_latest, first_due, next_wake, ranking
 from .ports import (
     HEADER_DUE,
@@ -112,6 +112,14 @@ class _Job:
     order_generation: int = -1
     # Set once the job has no tick left and delete_after is set: when it is to be deleted.
     delete_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    state: str  # see plan.lifecycle
+    next_due: int | None  # the next tick that fires
+    runs_done: int | None
+    runs_left: int | None
 
 
 # A heap entry: (wake at ms, push sequence, job name, the job's entry generation). A plain
@@ -1073,6 +1081,24 @@ class Scheduler:
     def ranking_of(self, name: str) -> list[str]:
         job = self.jobs.get(name)
         return ranking(name, job.spec.tags if job else [], self._candidates)
+
+    def progress(self, name: str) -> Progress:
+        """Where a job stands: its state, the next tick that fires (excluded ones passed
+        over), and for max_runs its runs so far and left (None while the count is unread)."""
+        job = self.jobs[name]
+        done = self.runs_done(name) if job.spec.max_runs is not None else None
+        left = None if done is None else max(0, (job.spec.max_runs or 0) - done)
+        due = None if job.spec.paused or left == 0 else job.due
+        if due is not None and job.plan.excluded(due):
+            due = job.plan.search(due, budget=STATUS_SEARCH_BUDGET).due
+        state = lifecycle(
+            job.plan,
+            paused=job.spec.paused,
+            due=None if left == 0 else job.due,
+            now_ms=self.clock.now_ms(),
+            runs_left=left,
+        )
+        return Progress(state, due, done, left)
 
     def iter_jobs(self) -> Iterator[tuple[str, JobSpec, int | None, int]]:
         """(name, spec, next due ms, jitter ms) for every known job."""

@@ -152,13 +152,22 @@ class ReplicaStatus:
                 continue
             spec = job.spec
             order = s.ranking_of(name)
-            fire = job.due + job.jitter_ms if job.due is not None else None
+            progress = s.progress(name)
+            due = progress.next_due
+            fire = due + job.jitter_ms if due is not None else None
             out.append(
                 {
                     "name": name,
                     "schedule": spec.schedule,
                     "tz": spec.tz,
                     "paused": spec.paused,
+                    "state": progress.state,
+                    "start": spec.start,
+                    "end": spec.end,
+                    "exclude": list(spec.exclude),
+                    "max_runs": spec.max_runs,
+                    "runs_done": progress.runs_done,
+                    "runs_left": progress.runs_left,
                     "tags": list(spec.tags),
                     "description": spec.description,
                     "payload": _payload_preview(spec.payload),
@@ -166,8 +175,8 @@ class ReplicaStatus:
                     "owner": order[0] if order else None,
                     "failover": order,
                     "rank": order.index(s.node) if s.node in order else None,
-                    "next_due_ms": job.due,
-                    "next_due": format_ms(job.due) if job.due is not None else "",
+                    "next_due_ms": due,
+                    "next_due": format_ms(due) if due is not None else "",
                     "next_fire_ms": fire,
                     "last": self._last(name, job.subject),
                 }
@@ -222,9 +231,10 @@ class ReplicaStatus:
             if not order:
                 continue
             row = rows.setdefault(order[0], [0] * buckets)
-            for due in job.schedule.iter_after(int(now) - 1):
+            left = s.progress(name).runs_left
+            for count, due in enumerate(job.plan.iter_firing(int(now) - 1)):
                 fire = due + job.jitter_ms
-                if fire >= end:
+                if fire >= end or (left is not None and count >= left):
                     break
                 row[(fire - start) // TIMELINE_BUCKET_MS] += 1
                 spent += 1

@@ -214,6 +214,34 @@ def test_every_hostile_field_is_escaped() -> None:
     assert page.count("&lt;script&gt;") >= 12
 
 
+def test_page_shows_window_exclusions_state_and_runs_left() -> None:
+    doc = status_doc()
+    job = doc["jobs"][0]
+    job.update(
+        state="done",
+        start="2026-03-01T00:00:00Z",
+        end=HOSTILE,
+        exclude=["* * 25 12 *", HOSTILE],
+        max_runs=3,
+        runs_done=3,
+        runs_left=0,
+        next_due_ms=None,
+        next_due="",
+        next_fire_ms=None,
+    )
+    page = render_page(doc)
+    assert not re.search(re.escape(HOSTILE), page)
+    assert "from 2026-03-01T00:00:00Z" in page
+    assert "except <code>* * 25 12 *</code>" in page
+    assert '<span class="muted">done</span>' in page
+    assert "0 of 3 runs left" in page
+    job.update(state="waiting", next_due_ms=1_001_000, next_fire_ms=1_001_000, runs_left=None)
+    job["next_due"] = "1970-01-01T00:16:41.000Z"
+    page = render_page(doc)
+    assert "waiting for start</span><br>1970-01-01T00:16:41.000Z" in page
+    assert "runs left" not in page
+
+
 def test_parse_listen() -> None:
     assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
     assert parse_listen("[::1]:0") == ("::1", 0)

@@ -226,9 +226,13 @@ class JobStatus(msgspec.Struct, kw_only=True):
     revision: int
     owner: str | None
     order: list[str]  # owner first, then the failover candidates
-    next_due: str | None  # nominal due instant of the next tick (None when paused)
+    next_due: str | None  # nominal due instant of the next tick that fires (None: none left)
     next_fire: str | None  # next_due plus the job's jitter
     last: LastTriggerStatus | None
+    # paused | waiting (for its start) | active | done (one-time passed, runs used up) | ended
+    state: str = "active"
+    runs_done: int | None = None  # with max_runs: scheduled triggers fired so far
+    runs_left: int | None = None
 
 
 class StatusReply(msgspec.Struct, kw_only=True):

@@ -407,7 +407,8 @@ class AdminService:
             )
         job = await self._loaded(request.name)
         due: list[int] = []
-        for instant in job.schedule.iter_after(start - 1):
+        # The job's ticks that fire: its window and exclusions apply to a backfill too.
+        for instant in job.plan.iter_firing(start - 1):
             if instant > end:
                 break
             due.append(instant)
@@ -500,7 +501,8 @@ class AdminService:
             spec = job.spec
             order = scheduler.ranking_of(name)
             last = scheduler.last.get(job.subject)
-            due: int | None = None if spec.paused else job.due
+            progress = scheduler.progress(name)
+            due = progress.next_due
             jobs.append(
                 JobStatus(
                     name=name,
@@ -516,6 +518,9 @@ class AdminService:
                     next_due=None if due is None else format_ms(due),
                     next_fire=None if due is None else format_ms(due + job.jitter_ms),
                     last=LastTriggerStatus(seq=last.seq, tick=last.msg_id) if last else None,
+                    state=progress.state,
+                    runs_done=progress.runs_done,
+                    runs_left=progress.runs_left,
                 )
             )
         return StatusReply(
