@@ -193,6 +193,10 @@ def add_jobs(sub: Subparsers) -> None:
             "  hrwcron jobs ls\n"
             "  hrwcron jobs get reports.daily --json\n"
             "  hrwcron jobs put reports.daily --schedule '30 2 * * *' --tz America/New_York\n"
+            "  hrwcron jobs put remind.xmas --schedule '@at 2026-12-24T09:00:00' "
+            "--tz Europe/Berlin --delete-after 86400\n"
+            "  hrwcron jobs put campaign --schedule '0 * * * *' --start 2026-03-01T00:00:00Z "
+            "--end 2026-03-31T23:00:00Z --exclude '* 0-6 * * *'\n"
             "  hrwcron jobs put -f job.json --revision 7   (refused if someone changed it)\n"
             "  hrwcron jobs pause reports.daily\n"
             "  hrwcron jobs rm reports.daily"
@@ -231,6 +235,23 @@ def add_jobs(sub: Subparsers) -> None:
     put.add_argument("--subject", metavar="SUBJECT", help="trigger subject (default per job)")
     put.add_argument("--description", metavar="TEXT")
     put.add_argument("--paused", action="store_true", help="write the job paused")
+    put.add_argument("--start", metavar="RFC3339", help="no tick before this instant")
+    put.add_argument("--end", metavar="RFC3339", help="no tick after this instant")
+    put.add_argument(
+        "--exclude",
+        action="append",
+        metavar="RULE",
+        help="skip ticks on these local times: a cron expression or a date range such as "
+        "2026-12-24..2026-12-26 (repeatable)",
+    )
+    put.add_argument("--max-runs", type=int, metavar="N", help="fire N scheduled ticks in all")
+    put.add_argument(
+        "--delete-after",
+        type=float,
+        metavar="SECONDS",
+        help="delete the job this long after it has no tick left (@at passed, end passed, "
+        "max_runs used up)",
+    )
     put.add_argument("--revision", type=_revision, metavar="N", help="compare-and-set")
     put.set_defaults(handler=_cmd_jobs_put)
 
@@ -301,6 +322,11 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
         "overlap": args.overlap,
         "subject": args.subject,
         "description": args.description,
+        "start": args.start,
+        "end": args.end,
+        "exclude": args.exclude,
+        "max_runs": args.max_runs,
+        "delete_after": args.delete_after,
     }
     given = {k: v for k, v in flags.items() if v is not None}
     if args.payload is not None:
@@ -521,6 +547,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             [
                 j.name,
                 j.schedule + ("" if j.tz == "UTC" else f" ({j.tz})"),
+                j.state + ("" if j.runs_left is None else f" ({j.runs_left} runs left)"),
                 "paused" if j.paused else (j.owner or "NO CANDIDATE"),
                 ",".join(j.order[1:]) or "-",
                 _short(j.next_fire),
@@ -530,7 +557,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             for j in reply.jobs
         ]
         lines += _table(
-            ["JOB", "SCHEDULE", "OWNER", "FAILOVER", "NEXT", "LAST TRIGGER", "TAGS"], job_rows
+            ["JOB", "SCHEDULE", "STATE", "OWNER", "FAILOVER", "NEXT", "LAST TRIGGER", "TAGS"],
+            job_rows,
         )
         if reply.truncated:
             lines.append(f"... {reply.total_jobs - len(reply.jobs)} more (use --prefix)")
@@ -690,15 +718,20 @@ def _cmd_apply(args: argparse.Namespace) -> int:
 # --- `hrwcron next JOB` -------------------------------------------------------------------
 
 
-def job_schedule(args: argparse.Namespace) -> tuple[str, str]:
-    """The schedule and time zone of the job ``args.expr`` names, read through the API."""
-    found: list[tuple[str, str]] = []
+def job_schedule(args: argparse.Namespace) -> tuple[JobSpec, int | None]:
+    """The spec of the job ``args.expr`` names, and its runs left when it has max_runs,
+    read through the API."""
+    found: list[tuple[JobSpec, int | None]] = []
 
     async def work(admin: AdminClient) -> int:
         entry = await admin.get_job(args.expr)
         if entry.spec is None:
             raise InvalidInput(f"job {args.expr!r} is stored but invalid: {entry.error}", "JOB")
-        found.append((entry.spec.schedule, entry.spec.tz))
+        left = None
+        if entry.spec.max_runs is not None:
+            reply = await admin.status(args.expr, limit=1)
+            left = reply.jobs[0].runs_left if reply.jobs else None
+        found.append((entry.spec, left))
         return EXIT_OK
 
     code = run_admin(args, work)
@@ -715,12 +748,13 @@ class _ServerFailure(HrwcronError):
         self.code = code
 
 
-def next_for_job(args: argparse.Namespace, emit: Callable[[str, str], int]) -> int:
-    """Runs ``emit(schedule, tz)`` for the job named by ``args.expr``; returns an exit code."""
+def next_for_job(args: argparse.Namespace, emit: Callable[[JobSpec, int | None], int]) -> int:
+    """Runs ``emit(spec, runs_left)`` for the job named by ``args.expr``; returns an exit
+    code."""
     if args.tz is not None:
         raise InvalidInput("a job's schedule uses the job's own time zone; drop --tz", "--tz")
     try:
-        schedule, tz = job_schedule(args)
+        spec, left = job_schedule(args)
     except _ServerFailure as exc:
         return exc.code
-    return emit(schedule, tz)
+    return emit(spec, left)

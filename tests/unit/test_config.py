@@ -563,3 +563,67 @@ schedule = "0 9 * * 1#6"
     assert by_where["jobs[1].schedule"].startswith("day-of-month: ")
     assert "never fires" in by_where["jobs[1].schedule"]
     assert by_where["jobs[2].schedule"].startswith("day-of-week: ")
+
+
+def test_jobs_take_windows_exclusions_run_limits_and_toml_dates() -> None:
+    cfg = parse(
+        """
+[[jobs]]
+name = "campaign"
+schedule = "0 * * * *"
+tz = "Europe/Berlin"
+start = 2026-03-01T00:00:00+01:00
+end = "2026-03-31T23:00:00+02:00"
+exclude = [2026-03-15, "2026-03-20..2026-03-22", "* 0-6 * * *"]
+max_runs = 500
+delete_after = "1h"
+
+[[jobs]]
+name = "remind"
+schedule = "@at 2020-12-24T09:00:00"
+delete_after = 60
+"""
+    )
+    campaign, remind = cfg.jobs
+    # A TOML date-time or date written without quotes is read as its ISO text.
+    assert campaign.start == "2026-03-01T00:00:00+01:00"
+    assert campaign.exclude == ["2026-03-15", "2026-03-20..2026-03-22", "* 0-6 * * *"]
+    assert (campaign.max_runs, campaign.delete_after) == (500, 3600.0)
+    # An @at in the past loads: a file that worked keeps working after its one-time jobs ran.
+    assert remind.schedule == "@at 2020-12-24T09:00:00"
+
+
+def test_bad_window_fields_are_located_in_the_file() -> None:
+    err = problems(
+        """
+[[jobs]]
+name = "backwards"
+schedule = "0 * * * *"
+start = 2026-03-02T00:00:00Z
+end = 2026-03-01T00:00:00Z
+
+[[jobs]]
+name = "local"
+schedule = "0 * * * *"
+start = 2026-03-01T00:00:00
+exclude = ["2026-12-24", "* * 32 * *"]
+max_runs = 0
+
+[[jobs]]
+name = "forever"
+schedule = "0 * * * *"
+delete_after = "1h"
+"""
+    )
+    by_where = {p.where: p.message for p in err.problems}
+    assert set(by_where) == {
+        "jobs[0].end",
+        "jobs[1].start",
+        "jobs[1].exclude[1]",
+        "jobs[1].max_runs",
+        "jobs[2].delete_after",
+    }
+    assert "is before start" in by_where["jobs[0].end"]
+    assert "no UTC offset" in by_where["jobs[1].start"]
+    assert "day-of-month" in by_where["jobs[1].exclude[1]"]
+    assert "run out of ticks" in by_where["jobs[2].delete_after"]
