@@ -191,11 +191,25 @@ async def test_apply_shows_the_diff_and_prunes(cluster: Cluster, tmp_path: Path)
         "update": [],
         "delete": ["old"],
         "unchanged": ["a.one", "a.two"],
+        "expired": [],
         "dry_run": False,
     }
     assert [e.name for e in await cluster.admin.all_jobs()] == ["a.one", "a.two"]
     same = await hrwcron(url, "apply", str(config), "--prune")
     assert same == Result(0, "no changes\n", "")
+
+    # A one-time job whose instant has passed is not created again (the admin API would refuse
+    # it), and the apply does not fail on it: a file applied after its jobs ran keeps working.
+    later = tmp_path / "later.toml"
+    later.write_text(
+        config.read_text() + '\n[[jobs]]\nname = "a.once"\nschedule = "@at 2020-01-01T09:00:00Z"\n'
+    )
+    again = await hrwcron(url, "apply", str(later))
+    assert again.code == 0, again.err
+    assert again.out.startswith(
+        "= a.once (not created: schedule: @at 2020-01-01T09:00:00.000Z is not in the future"
+    )
+    assert [e.name for e in await cluster.admin.all_jobs()] == ["a.one", "a.two"]
 
     bad = tmp_path / "bad.toml"
     bad.write_text('[[jobs]]\nname = "x"\nschedule = "99 * * * *"\n')
