@@ -23,6 +23,7 @@ import xxhash
 
 from . import __version__, hrw
 from .clock import Clock
+from .counting import RunCounter
 from .errors import ConflictError, DuplicateNodeError, HrwcronError, NotFoundError, Problem
 from .failpoints import Failpoints
 from .model import ClaimRecord, Heartbeat, JobSpec, TriggerMessage, encode
@@ -48,7 +49,6 @@ from .ports import (
     TickSpan,
     TriggersPort,
 )
-from .runcount import RunCount, next_run, runs_done
 from .schedule import Schedule, jitter_ms
 from .ticks import TickId, format_ms
 from .view import MembershipView
@@ -151,12 +151,7 @@ class Scheduler:
         self._triggers = triggers
         self._jobs_store = jobs
         self._runs = runs
-        self._counts = counts
-        # Run counts of max_runs jobs: the durable copies read so far, and reads and writes
-        # under way (one of each per job at a time).
-        self._run_counts: dict[str, RunCount] = {}
-        self._count_reads: set[str] = set()
-        self._count_writes: set[str] = set()
+        self._counter = RunCounter(counts, self._spawn)
         self._observer = observer
         self._failpoints = failpoints or Failpoints({})
         self.view = MembershipView(self.node, settings.member_ttl, self.clock.monotonic)
@@ -410,7 +405,7 @@ class Scheduler:
             del self.jobs[event.name]
         if old is None or event.spec is None or event.error:
             # A job that (re)appears reads its run count again: deleting it may have reset it.
-            self._run_counts.pop(event.name, None)
+            self._counter.forget(event.name)
         if event.spec is None or event.error:
             return
         spec = event.spec
@@ -724,11 +719,10 @@ class Scheduler:
     def runs_done(self, name: str) -> int | None:
         """Scheduled triggers fired by a max_runs job so far; None when unknown yet."""
         job = self.jobs.get(name)
-        record = self._run_counts.get(name)
-        if job is None or record is None:
+        if job is None:
             return None
         last = self.last.get(job.subject)
-        return runs_done(record, last.run if last else 0)
+        return self._counter.done(name, last.run if last else 0)
 
     def _out_of_runs(self, job: _Job, now: float) -> bool:
         """True when the job must not act on its tick: its count is unknown yet (fail closed;
@@ -744,94 +738,30 @@ class Scheduler:
         return False
 
     def _read_count(self, job: _Job) -> None:
-        name = job.spec.name
-        if name in self._run_counts or name in self._count_reads:
-            return
-        if self._counts is None:
-            self._run_counts[name] = RunCount()  # no durable copy: the stream's numbers only
-            return
-        self._count_reads.add(name)
-        self._spawn(self._fetch_count(name), f"count-{name}")
+        def loaded() -> None:
+            if self.jobs.get(job.spec.name) is job:
+                self._mirror_count(job)
+                if job.due is not None and not job.busy:
+                    self._push(job, 0)
 
-    async def _fetch_count(self, name: str) -> None:
-        assert self._counts is not None
-        try:
-            stored = await self._counts.get(name)
-        except Exception as exc:
-            log.warning("run count of %s not readable (%s); retrying", name, exc)
-            return
-        finally:
-            self._count_reads.discard(name)
-        job = self.jobs.get(name)
-        if job is None:
-            return
-        known = self._run_counts.get(name)
-        record = stored or RunCount()
-        self._run_counts[name] = record if known is None else known.merged(record)
-        self._mirror_count(job)
-        if job.due is not None and not job.busy:
-            self._push(job, 0)
+        self._counter.read(job.spec.name, loaded)
 
     def _mirror_count(self, job: _Job, *, published: bool = False) -> None:
         """Raise the durable copy to the run number of the newest trigger on the job's
         subject: done by the replica that published it and by the job's owner, so the count
         survives the stream forgetting the trigger."""
-        name = job.spec.name
-        record = self._run_counts.get(name)
         last = self.last.get(job.subject)
-        if self._counts is None or record is None or last is None or last.run <= record.total:
-            return
-        if name in self._count_writes:
+        if last is None or not self._counter.behind(job.spec.name, last.run):
             return
         order = self._order(job)
-        if not published and (not order or order[0] != self.node):
-            return
-        self._count_writes.add(name)
-        self._spawn(self._write_count(name, last.run), f"count-write-{name}")
-
-    async def _write_count(self, name: str, total: int) -> None:
-        assert self._counts is not None
-        try:
-            stored = await self._counts.raise_total(name, total)
-        except Exception as exc:
-            log.warning("run count of %s not saved (%s); the next trigger retries", name, exc)
-            return
-        finally:
-            self._count_writes.discard(name)
-        known = self._run_counts.get(name)
-        if known is not None:
-            self._run_counts[name] = known.merged(stored)
-        job = self.jobs.get(name)
-        if job is not None:
-            self._mirror_count(job)  # a newer trigger may have arrived meanwhile
-
-    async def _run_header(self, job: _Job, last: LastTrigger | None, scheduled: bool) -> int | None:
-        """The run number a trigger of a max_runs job carries, from the very predecessor its
-        publish is fenced against; None when a scheduled tick would exceed max_runs."""
-        name = job.spec.name
-        if name not in self._run_counts:
-            if self._counts is None:
-                self._run_counts[name] = RunCount()
-            else:
-                stored = await self._counts.get(name)
-                known = self._run_counts.get(name)
-                record = stored or RunCount()
-                self._run_counts[name] = record if known is None else known.merged(record)
-        record = self._run_counts[name]
-        return next_run(record, last.run if last else 0, job.spec.max_runs or 0, scheduled)
+        if published or (order and order[0] == self.node):
+            self._counter.mirror(job.spec.name, last.run, lambda: self._mirror_count(job))
 
     async def reset_runs(self, name: str, subject: str) -> None:
         """Start a deleted job's run count again, so a job created anew under the same name
-        gets all of its runs; nothing to do for a job that never counted any."""
-        if self._counts is None:
-            return
+        gets all of its runs."""
         last = await self._triggers.last(subject)
-        stored = await self._counts.get(name)
-        total = max(last.run if last else 0, stored.total if stored else 0)
-        if stored is None and total == 0:
-            return
-        await self._counts.reset(name, total)
-        self._run_counts.pop(name, None)
+        await self._counter.reset(name, last.run if last else 0)
 
     # ------------------------------------------------------------------ claim and publish
 
@@ -934,7 +864,10 @@ class Scheduler:
                 HEADER_KIND: kind,
             }
             if job.spec.max_runs is not None:
-                run = await self._run_header(job, last, scheduled)
+                last_run = last.run if last else 0
+                run = await self._counter.header(
+                    job.spec.name, last_run, job.spec.max_runs, scheduled
+                )
                 if run is None:
                     return "max_runs"  # the run limit was reached before this tick
                 headers[HEADER_RUN] = str(run)
