@@ -324,7 +324,6 @@ class MemoryCounts:
 
     def __init__(self) -> None:
         self._bucket: _Bucket[RunCount] = _Bucket(time.monotonic)
-        self.writes = 0
 
     async def get(self, job: str) -> RunCount | None:
         entry = self._bucket.live(job)
@@ -348,7 +347,6 @@ class MemoryCounts:
         wanted = change(held)
         if wanted == held and entry is not None:
             return held
-        self.writes += 1
         if entry is None:
             self._bucket.create(job, wanted)
         else:

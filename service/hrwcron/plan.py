@@ -40,8 +40,11 @@ from .ticks import format_ms
 __all__ = [
     "SEARCH_BUDGET",
     "SEARCH_HORIZON_MS",
+    "STATUS_SEARCH_BUDGET",
     "Exclusion",
+    "Search",
     "TickPlan",
+    "lifecycle",
     "parse_exclusion",
     "parse_rfc3339",
 ]
