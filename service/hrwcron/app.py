@@ -15,7 +15,7 @@ from .admin.service import AdminService
 from .clock import Clock
 from .config import Config
 from .config import default_node_id as host_node_id
-from .errors import HrwcronError
+from .errors import HrwcronError, NatsSetupError
 from .failpoints import Failpoints
 from .http import HttpServer
 from .jetstream.connect import connect
@@ -23,7 +23,7 @@ from .jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers, JetS
 from .jetstream.provision import Layout, provision
 from .jetstream.triggers import JetStreamTriggers
 from .jobsync import apply_diff, diff_jobs
-from .model import DEFAULT_MAX_LATENESS
+from .model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE
 from .ports import NullObserver, Observer
 from .scheduler import Scheduler, Settings
 from .status import ReplicaStatus
@@ -73,6 +73,18 @@ def settings(config: Config) -> Settings:
     )
 
 
+def check_max_payload(job_payload: int, server_payload: int) -> None:
+    """A trigger is a job's payload plus its envelope; nats-server resets a connection that
+    publishes more than its max_payload, so a config that allows bigger ones is refused."""
+    if job_payload + TRIGGER_ENVELOPE > server_payload:
+        raise NatsSetupError(
+            f"scheduler.max_payload is {job_payload} bytes: with a trigger's envelope "
+            f"({TRIGGER_ENVELOPE} bytes) a trigger could be larger than the NATS server's "
+            f"max_payload ({server_payload} bytes); lower scheduler.max_payload to at most "
+            f"{max(0, server_payload - TRIGGER_ENVELOPE)} or raise max_payload in nats-server"
+        )
+
+
 @dataclass
 class Stores:
     """The JetStream-backed ports of one connection."""
@@ -89,6 +101,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
     """Connect, check the server, create or verify the buckets and stream, bind the ports."""
     client = await connect(config.nats)
     try:
+        check_max_payload(config.scheduler.max_payload, client.max_payload)
         js = client.jetstream()
         shape = layout(config)
         if provision_missing:

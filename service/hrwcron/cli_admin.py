@@ -21,7 +21,7 @@ import msgspec
 
 from .config import ENV_CONFIG_PATH, Config, load_config, redact_url
 from .errors import HrwcronError, InvalidInput, NatsSetupError, Problem
-from .model import JobSpec, job_name_problem
+from .model import MAX_PAYLOAD_DEPTH, JobSpec, job_name_problem, json_depth
 from .ticks import format_ms, parse_instant
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_SERVER = 1
+_TOO_DEEP = f"nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep"
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
@@ -291,6 +292,15 @@ def _cmd_jobs_get(args: argparse.Namespace) -> int:
 
 
 def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+    spec = _read_spec_args(args)
+    # Checked here as well as by the replica: a payload this deep cannot even be encoded
+    # into the request.
+    if json_depth(spec.payload) > MAX_PAYLOAD_DEPTH:
+        raise InvalidInput(_TOO_DEEP, "--file" if args.file else "--payload")
+    return spec
+
+
+def _read_spec_args(args: argparse.Namespace) -> JobSpec:
     flags = {
         "schedule": args.schedule,
         "tz": args.tz,
@@ -307,6 +317,8 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
             given["payload"] = msgspec.json.decode(args.payload)
         except msgspec.DecodeError as exc:
             raise InvalidInput(f"is not JSON: {exc}", "--payload") from None
+        except RecursionError:
+            raise InvalidInput(_TOO_DEEP, "--payload") from None
     if args.tags is not None:
         given["tags"] = [t.strip() for t in args.tags.split(",") if t.strip()]
     if args.paused:
@@ -343,6 +355,8 @@ def _read_spec(path: str) -> JobSpec:
         return msgspec.json.decode(data, type=JobSpec)
     except msgspec.MsgspecError as exc:
         raise InvalidInput(f"{path}: not a job spec: {exc}", "--file") from None
+    except RecursionError:
+        raise InvalidInput(f"{path}: {_TOO_DEEP}", "--file") from None
 
 
 def _cmd_jobs_put(args: argparse.Namespace) -> int:
@@ -630,6 +644,8 @@ def _jobs_from_file(path: str) -> list[JobSpec]:
         specs = msgspec.json.decode(data, type=list[JobSpec])
     except msgspec.MsgspecError as exc:
         raise InvalidInput(f"not a JSON array of job specs: {exc}", path) from None
+    except RecursionError:
+        raise InvalidInput(_TOO_DEEP, path) from None
     problems: list[Problem] = []
     seen: set[str] = set()
     for i, spec in enumerate(specs):

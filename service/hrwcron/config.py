@@ -541,6 +541,9 @@ def parse_config(
         where = found.group(1) if found else ""
         detail = message[: found.start()] if found else message
         raise ConfigFileError([Problem(where, f"invalid TOML: {detail}")], source) from None
+    except RecursionError:
+        problem = Problem("", "invalid TOML: arrays or tables nested too deeply")
+        raise ConfigFileError([problem], source) from None
     return _build(raw, source, env, base_dir, c)
 
 
@@ -759,6 +762,12 @@ def _check_scheduler(s: SchedulerConfig, c: _Collector) -> None:
             "scheduler.subject_prefix",
             f"{s.subject_prefix[:80]!r}: dot-separated tokens of letters, digits, _ or - "
             "(no wildcards or empty tokens)",
+        )
+    elif len(tokens) > 8 or len(s.subject_prefix) > 255:
+        # With a job name after it, a default subject stays within the trigger subject limits.
+        c.add(
+            "scheduler.subject_prefix",
+            f"{s.subject_prefix[:80]!r}: at most 8 tokens and 255 characters",
         )
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from ..model import JobSpec
+from ..model import MAX_PAYLOAD_DEPTH, JobSpec
 
 ADMIN_PREFIX = "hrwcron.admin"
 SERVICE_NAME = "hrwcron"
@@ -310,3 +310,10 @@ def decode_request(data: bytes, request_type: type[R]) -> R:
         raise RequestProblem(where, message) from None
     except msgspec.DecodeError as exc:
         raise RequestProblem("", f"request body is not JSON: {exc}") from None
+    except RecursionError:
+        # Deeper than any valid request. A job's payload is the only untyped field, so the
+        # only one that can nest this far before a type check stops the decoder.
+        where = "spec.payload" if "spec" in request_type.__struct_fields__ else ""
+        raise RequestProblem(
+            where, f"nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep"
+        ) from None

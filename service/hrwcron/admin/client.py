@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from ..errors import ConflictError, HrwcronError
@@ -65,8 +65,15 @@ class AdminClient:
     ) -> R:
         where = subject(verb, self.prefix)
         wait = self.timeout if timeout is None else timeout
+        data = msgspec.json.encode(request)
         try:
-            reply = await self.client.request(where, msgspec.json.encode(request), timeout=wait)
+            reply = await self.client.request(where, data, timeout=wait)
+        except MaxPayloadError:
+            raise AdminError(
+                "too_large",
+                f"the request is {len(data)} bytes, more than the NATS server's max_payload "
+                f"({self.client.max_payload} bytes)",
+            ) from None
         except NoRespondersError:
             raise AdminError(
                 "unavailable",

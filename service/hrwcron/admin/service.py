@@ -25,7 +25,7 @@ from nats.micro.service import Service
 
 from .. import __version__
 from ..errors import ConflictError, InvalidInput, NotFoundError, Problem
-from ..model import JobSpec, TriggerMessage, job_name_problem
+from ..model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, job_name_problem
 from ..ports import HEADER_KIND, JobEvent, JobsPort, StoreUnavailable, TriggerRecord, TriggersPort
 from ..scheduler import Scheduler
 from ..ticks import TickId, format_ms
@@ -246,6 +246,14 @@ class AdminService:
             raise ApiError(
                 "conflict", f"job {name!r} is stored but invalid ({stored.error}): put a new spec"
             )
+        if name not in self._scheduler.jobs:
+            # Written around the API (straight into the bucket): the replicas skip it.
+            problems = self._spec_problems(stored.spec)
+            if problems:
+                found = "; ".join(map(str, problems))[:1000]
+                raise ApiError(
+                    "conflict", f"job {name!r} is stored but invalid ({found}): put a new spec"
+                )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CATCH_UP_S
         while True:
@@ -280,6 +288,18 @@ class AdminService:
             Problem(f"spec.{p.where}" if p.where else "spec", p.message)
             for p in spec.problems(prefix=settings.subject_prefix, max_payload=settings.max_payload)
         ]
+        if not any(p.where == "spec.payload" for p in found):
+            size = len(msgspec.json.encode(spec.payload))
+            server = self._client.max_payload
+            if size + TRIGGER_ENVELOPE > server:
+                found.append(
+                    Problem(
+                        "spec.payload",
+                        f"is {size} bytes as JSON; with its trigger's envelope "
+                        f"({TRIGGER_ENVELOPE} bytes) that is more than the NATS server's "
+                        f"max_payload ({server} bytes)",
+                    )
+                )
         if spec.max_lateness > self._duplicate_window:
             found.append(
                 Problem(
