@@ -117,7 +117,9 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
             ),
             jobs=JetStreamJobs(js, await js.key_value(shape.jobs_bucket), shape.jobs_bucket),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
-            triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix),
+            triggers=JetStreamTriggers(
+                js, shape.stream, shape.subject_prefix, max_payload=lambda: client.max_payload
+            ),
         )
     except BaseException:
         await client.close()

@@ -547,6 +547,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         )
         if reply.truncated:
             lines.append(f"... {reply.total_jobs - len(reply.jobs)} more (use --prefix)")
+        lines += [f"{j.name}: BAD: {j.problem}" for j in reply.jobs if j.problem]
         _emit(lines)
         return EXIT_OK
 

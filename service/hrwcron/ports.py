@@ -23,6 +23,11 @@ class FenceConflict(Exception):
     """The stream refused a publish because the subject's last sequence was not the expected one."""
 
 
+class PublishRejected(Exception):
+    """The server refused a trigger for what it is (too large, a subject it cannot take):
+    publishing the same trigger again cannot succeed, so the tick fails, not the replica."""
+
+
 class StoreUnavailable(Exception):
     """The store did not answer in time; the write may or may not have been applied."""
 

@@ -40,6 +40,7 @@ from .ports import (
     LastTrigger,
     MembersPort,
     Observer,
+    PublishRejected,
     RunsPort,
     ServerTime,
     TickSpan,
@@ -56,8 +57,20 @@ log = logging.getLogger("hrwcron.scheduler")
 YIELD_EVERY = 200
 
 RESOLVED = frozenset(
-    {"started", "duplicate", "already_claimed", "not_owner", "missed", "fenced", "skipped"}
+    {
+        "started",
+        "duplicate",
+        "already_claimed",
+        "not_owner",
+        "missed",
+        "fenced",
+        "skipped",
+        "rejected",
+    }
 )
+# Claim outcomes that resolve a tick without a trigger: the holder skipped it (overlap), or
+# the server refused its trigger (another replica's would be refused the same way).
+CLAIM_RESOLVED = frozenset({"skipped", "rejected"})
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,8 @@ class _Job:
     owner: str | None = None
     order: list[str] = field(default_factory=list)  # ranking under ``order_generation``
     order_generation: int = -1
+    problem: str = ""  # why the server refused this job's last trigger; shown in status
+    logged: str = ""  # the last tick error logged, so a retried failure is logged once
 
 
 # A heap entry: (wake at ms, push sequence, job name, the job's entry generation). A plain
@@ -378,7 +393,26 @@ class Scheduler:
             del self.jobs[event.name]
         if event.spec is None or event.error:
             return
+        try:
+            job = self._load_job(event, old)
+        except (HrwcronError, ArithmeticError, ValueError) as exc:
+            # A spec the rules let through but the engine cannot plan: one bad job, not a
+            # jobs watch that fails and restarts on every replica.
+            error = f"cannot be scheduled: {exc}"
+            log.warning("job %r skipped: %s", event.name, error)
+            self._observer.bad_job(event.name, error)
+            return
+        self._digest ^= job.digest
+        self.jobs[job.spec.name] = job
+        self._owned_dirty.set()
+        self._by_subject[job.subject] = job.spec.name
+        if job.due is not None:
+            self._push(job, job.due + job.jitter_ms)
+
+    def _load_job(self, event: JobEvent, old: _Job | None) -> _Job:
+        """The running form of a valid spec, its first due tick planned (None when paused)."""
         spec = event.spec
+        assert spec is not None
         subject = spec.trigger_subject(self.settings.subject_prefix)
         job = _Job(
             spec=spec,
@@ -388,12 +422,8 @@ class Scheduler:
             revision=event.revision,
             digest=xxhash.xxh3_64_intdigest(encode(spec)),
         )
-        self._digest ^= job.digest
-        self.jobs[spec.name] = job
-        self._owned_dirty.set()
-        self._by_subject[subject] = spec.name
         if spec.paused:
-            return
+            return job
         same_schedule = (
             old is not None
             and old.due is not None
@@ -412,7 +442,7 @@ class Scheduler:
                 written_ms=event.written_ms,
             )
         self._collapse(job)
-        self._push(job, (job.due or 0) + job.jitter_ms)
+        return job
 
     # ------------------------------------------------------------------ trigger history
 
@@ -548,7 +578,7 @@ class Scheduler:
             try:
                 outcome, attempt = await self._claim_and_publish(job, tick, rank, span)
             except Exception as exc:
-                log.warning("tick %s: %s: %s", tick.key, type(exc).__name__, exc)
+                self._log_error(job, tick.key, exc)
                 span.set("error", str(exc))
             span.set("outcome", outcome)
             span.set("attempt", attempt)
@@ -587,7 +617,12 @@ class Scheduler:
         job.acted = False
         job.claim_seen = None
         self._awaiting_turn.discard(job.spec.name)
-        job.due = job.schedule.next_after(due)
+        try:
+            job.due = job.schedule.next_after(due)
+        except HrwcronError as exc:  # the schedule ran out of supported years
+            job.due = None
+            self._mark_bad(job, f"no next tick: {exc}")
+            return
         self._collapse(job)
         self._push(job, job.due + job.jitter_ms)
 
@@ -629,7 +664,7 @@ class Scheduler:
         if held is None:
             return "lock_busy", 0  # expired between our create and get: try again
         record, revision = held
-        if record.outcome == "skipped":
+        if record.outcome in CLAIM_RESOLVED:
             return "already_claimed", record.attempt
         if record.instance == self.instance:
             return await self._publish_or_skip(job, tick, record, revision, span)
@@ -663,16 +698,26 @@ class Scheduler:
     ) -> tuple[str, int]:
         runs = self._runs if job.spec.overlap == "skip" and claim.attempt == 1 else None
         if runs is not None and await runs.running(job.spec.name):
-            skipped = ClaimRecord(
-                node=claim.node,
-                instance=claim.instance,
-                attempt=claim.attempt,
-                claimed_ms=claim.claimed_ms,
-                outcome="skipped",
-            )
-            await self._claims.replace(tick.claim_key, skipped, revision, self._claim_ttl(job))
+            await self._resolve_claim(job, tick, claim, revision, "skipped")
             return "skipped", claim.attempt
-        return await self._publish(job, tick, claim.attempt, span), claim.attempt
+        outcome = await self._publish(job, tick, claim.attempt, span)
+        if outcome == "rejected":
+            with contextlib.suppress(Exception):  # others then find it resolved, or retry
+                await self._resolve_claim(job, tick, claim, revision, "rejected")
+        return outcome, claim.attempt
+
+    async def _resolve_claim(
+        self, job: _Job, tick: TickId, claim: ClaimRecord, revision: int, outcome: str
+    ) -> None:
+        """Record on the claim that the tick is resolved without a trigger."""
+        resolved = ClaimRecord(
+            node=claim.node,
+            instance=claim.instance,
+            attempt=claim.attempt,
+            claimed_ms=claim.claimed_ms,
+            outcome=outcome,
+        )
+        await self._claims.replace(tick.claim_key, resolved, revision, self._claim_ttl(job))
 
     async def _publish(self, job: _Job, tick: TickId, attempt: int, span: TickSpan) -> str:
         return await self._fenced_publish(job, tick.key, tick.due_ms, "scheduled", attempt, span)
@@ -713,6 +758,10 @@ class Scheduler:
                 expected = last.seq if last else 0
                 try:
                     ack = await self._triggers.publish(job.subject, body, headers, expected)
+                except PublishRejected as exc:
+                    publish_span.set("hrwcron.rejected", str(exc))
+                    self._mark_bad(job, f"the server refused its trigger: {exc}")
+                    return "rejected"
                 except FenceConflict:
                     publish_span.set("hrwcron.fenced", True)
                     self.last.pop(job.subject, None)
@@ -722,8 +771,31 @@ class Scheduler:
                     continue
             if not ack.duplicate:
                 self._remember(job.subject, LastTrigger(ack.seq, msg_id, watermark))
+            job.problem = job.logged = ""
             return "duplicate" if ack.duplicate else "started"
         return "lock_busy"
+
+    # ------------------------------------------------------------------- failing jobs
+
+    def _mark_bad(self, job: _Job, problem: str) -> None:
+        """A job whose ticks fail for what it is: shown in status, logged once."""
+        if problem != job.problem:
+            log.warning("job %r: %s", job.spec.name, problem)
+        job.problem = problem
+
+    def _log_error(self, job: _Job, tick_key: str, exc: Exception) -> None:
+        """A failed tick is retried every 250 ms; its error is logged once per job and
+        message, not once per retry."""
+        text = f"{type(exc).__name__}: {exc}"
+        if text != job.logged:
+            log.warning("tick %s: %s", tick_key, text)
+            job.logged = text
+        else:
+            log.debug("tick %s: %s", tick_key, text)
+
+    def problem_of(self, name: str) -> str:
+        job = self.jobs.get(name)
+        return job.problem if job is not None else ""
 
     def _trigger_body(
         self, job: _Job, msg_id: str, due_ms: int, due: str, kind: str, attempt: int

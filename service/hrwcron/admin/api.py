@@ -229,6 +229,8 @@ class JobStatus(msgspec.Struct, kw_only=True):
     next_due: str | None  # nominal due instant of the next tick (None when paused)
     next_fire: str | None  # next_due plus the job's jitter
     last: LastTriggerStatus | None
+    # Why the job's last tick could not be fired (e.g. the server refused its trigger).
+    problem: str = ""
 
 
 class StatusReply(msgspec.Struct, kw_only=True):

@@ -525,6 +525,7 @@ class AdminService:
                     next_due=None if due is None else format_ms(due),
                     next_fire=None if due is None else format_ms(due + job.jitter_ms),
                     last=LastTriggerStatus(seq=last.seq, tick=last.msg_id) if last else None,
+                    problem=scheduler.problem_of(name),
                 )
             )
         return StatusReply(

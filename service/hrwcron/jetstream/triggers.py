@@ -4,20 +4,23 @@ the trigger stream (last message per subject, then live) headers-only."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 
+from ..model import MAX_SUBJECT_LENGTH
 from ..ports import (
     HEADER_MSG_ID,
     HEADER_WATERMARK,
     FenceConflict,
     LastTrigger,
     Published,
+    PublishRejected,
     TriggerRecord,
 )
 from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE
@@ -32,22 +35,67 @@ def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
     return LastTrigger(seq, headers.get(HEADER_MSG_ID, ""), watermark)
 
 
+def message_size(body: bytes, headers: Mapping[str, str]) -> int:
+    """Bytes a message with headers counts against max_payload: the NATS/1.0 header block
+    (``Name: value`` lines and a blank line) plus the body."""
+    block = len(b"NATS/1.0\r\n") + 2
+    block += sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return block + len(body)
+
+
+def refusal(exc: Exception) -> str | None:
+    """Why a failed publish can never succeed as it is, or None when a retry may. The stream
+    answers 400 for a message it will not store (too large for it, a bad header); 503s,
+    timeouts and lost connections are passing trouble."""
+    if isinstance(exc, MaxPayloadError):
+        return "it is larger than the server's max_payload"
+    if isinstance(exc, APIError) and exc.code in (400, 413):
+        return f"{exc.description or 'refused'} (JetStream error {exc.err_code})"
+    return None
+
+
 class JetStreamTriggers:
-    def __init__(self, js: JetStreamContext, stream: str, subject_prefix: str) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        stream: str,
+        subject_prefix: str,
+        *,
+        max_payload: Callable[[], int] | None = None,
+    ) -> None:
+        """``max_payload`` reads the connected server's limit (it may change on reconnect);
+        without it the size of a trigger is left to the server."""
         self._js = js
         self._stream = stream
         self._prefix = subject_prefix
+        self._max_payload = max_payload
 
     async def publish(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
     ) -> Published:
         sent = dict(headers)
         sent[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_seq)
+        # nats-server closes the whole connection over an oversized message or control line,
+        # and nats-py never reconnects after that: refuse such a trigger here instead.
+        limit = self._max_payload() if self._max_payload is not None else 0
+        size = message_size(body, sent)
+        if limit and size > limit:
+            raise PublishRejected(
+                f"the trigger is {size} bytes with its headers, more than the server's "
+                f"max_payload ({limit} bytes)"
+            )
+        if len(subject) > MAX_SUBJECT_LENGTH:
+            raise PublishRejected(
+                f"its subject is {len(subject)} characters, more than {MAX_SUBJECT_LENGTH}"
+            )
         try:
             ack = await self._js.publish(subject, body, stream=self._stream, headers=sent)
-        except APIError as exc:
-            if exc.err_code in WRONG_LAST_SEQUENCE:
+        except (APIError, MaxPayloadError) as exc:
+            if isinstance(exc, APIError) and exc.err_code in WRONG_LAST_SEQUENCE:
                 raise FenceConflict(str(exc)) from None
+            why = refusal(exc)
+            if why is not None:
+                raise PublishRejected(why) from None
             raise
         return Published(int(ack.seq), bool(ack.duplicate))
 
