@@ -244,7 +244,7 @@ class Scheduler:
         return f"{self._digest:016x}"
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.heartbeat_interval)
             try:
                 await self._beat()
@@ -278,7 +278,7 @@ class Scheduler:
             self.clock.estimator.add(ServerTime(sent, stored, received))
 
     async def _refresh_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 self.view.replace_all(await self._members.snapshot())
                 self._view_ok = self.clock.monotonic()
@@ -288,7 +288,7 @@ class Scheduler:
             await asyncio.sleep(self.settings.membership_refresh)
 
     async def _watch_members(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async for node, record in self._members.watch():
                     self.view.update(node, record)
@@ -311,7 +311,7 @@ class Scheduler:
     # ----------------------------------------------------------------------------- jobs
 
     async def _watch_jobs(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 applied = 0
                 # The initial state read after this covers every revision up to here, even
@@ -341,7 +341,7 @@ class Scheduler:
         a whole check interval: a KV watch can fall silent after a server restart, and a
         replica would then keep firing a deleted job or miss a new one."""
         stuck_at: int | None = None
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.jobs_watch_check)
             try:
                 newest = await self._jobs_store.last_revision()
@@ -447,7 +447,7 @@ class Scheduler:
     # ------------------------------------------------------------------ trigger history
 
     async def _follow_triggers(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 seen_count = 0
                 async for item in self._triggers.follow():
@@ -872,19 +872,25 @@ class Scheduler:
         self._refresh_candidates()
 
     async def stop(self, timeout: float | None = None) -> None:
-        """Stop claiming, let in-flight publishes finish (bounded), then leave the membership."""
+        """Stop claiming, let in-flight publishes finish, then leave the membership; all of
+        it within ``timeout`` (``shutdown_timeout``), whatever state the connection is in."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+
+        def left(most: float) -> float:
+            return max(0.05, min(most, deadline - loop.time()))
+
         self._stopping = True
         with contextlib.suppress(Exception):
             # Announce "not ready" at once, so the others stop waiting for this replica's turn.
-            await asyncio.wait_for(self._beat(), timeout=1)
+            await asyncio.wait_for(self._beat(), timeout=left(min(1.0, timeout / 4)))
         if self._acts:
-            await asyncio.wait(set(self._acts), timeout=max(0.1, timeout - 1))
-        for task in list(self._tasks) + list(self._acts):
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._acts, return_exceptions=True)
+            # Keep a second for cancelling the rest and leaving the membership.
+            await asyncio.wait(set(self._acts), timeout=left(deadline - loop.time() - 1.0))
+        await _cancel_all([*self._tasks, *self._acts], left(0.5))
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._members.deregister(self.node), timeout=1)
+            await asyncio.wait_for(self._members.deregister(self.node), timeout=left(0.5))
 
     async def _owned_loop(self) -> None:
         """Counts owned jobs after membership or job changes, in slices, so even 100,000 jobs
@@ -920,6 +926,21 @@ class Scheduler:
         """(name, spec, next due ms, jitter ms) for every known job."""
         for name, job in self.jobs.items():
             yield name, job.spec, job.due, job.jitter_ms
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that swallowed it (library
+    cleanup code can turn a cancellation into another error), at most ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = {task for task in tasks if not task.done()}
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(0.1, deadline - loop.time()))
+    if pending:
+        names = ", ".join(sorted(task.get_name() for task in pending))
+        log.warning("%d tasks did not stop in time: %s", len(pending), names)
 
 
 async def _wait_event(event: asyncio.Event, timeout: float, what: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -73,7 +74,9 @@ async def _snapshot(kv: KeyValue) -> list[KeyValue.Entry]:
         while (entry := await watcher.updates(timeout=5)) is not None:
             entries.append(entry)
     finally:
-        await watcher.stop()
+        # On a closed connection this raises, and would replace a cancellation.
+        with contextlib.suppress(Exception):
+            await watcher.stop()
     return entries
 
 
@@ -105,7 +108,8 @@ async def _watch(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
         async for entry in watcher:
             yield entry
     finally:
-        await watcher.stop()
+        with contextlib.suppress(Exception):
+            await watcher.stop()
 
 
 def _deleted(entry: KeyValue.Entry) -> bool:

@@ -4,6 +4,7 @@ the trigger stream (last message per subject, then live) headers-only."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 
@@ -134,9 +135,11 @@ class JetStreamTriggers:
                     loaded = True
                     yield None
         finally:
-            await subscription.unsubscribe()
+            # On a closed connection this raises, and would replace a cancellation.
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
 
-    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
+    async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
         """Reads backwards in growing windows of stream sequences: the stream interleaves every
         job, so how far back ``limit`` messages of one subject lie is only known by looking."""
         if limit <= 0:
@@ -193,5 +196,6 @@ class JetStreamTriggers:
                 if (until_seq is not None and seq >= until_seq) or meta.num_pending == 0:
                     break
         finally:
-            await subscription.unsubscribe()
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
         return found
