@@ -118,7 +118,13 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
             claims=JetStreamClaims(
                 js, await js.key_value(shape.claims_bucket), shape.claims_bucket
             ),
-            jobs=JetStreamJobs(js, await js.key_value(shape.jobs_bucket), shape.jobs_bucket),
+            jobs=JetStreamJobs(
+                js,
+                await js.key_value(shape.jobs_bucket),
+                shape.jobs_bucket,
+                claims_bucket=shape.claims_bucket,
+                subject_prefix=shape.subject_prefix,
+            ),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
             triggers=JetStreamTriggers(
                 js, shape.stream, shape.subject_prefix, max_payload=lambda: client.max_payload

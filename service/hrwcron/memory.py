@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .errors import ConflictError, DuplicateNodeError
-from .model import ClaimRecord, Heartbeat, JobSpec
+from .errors import ConflictError, DuplicateNodeError, SubjectTakenError
+from .model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec
 from .ports import (
     HEADER_KIND,
     HEADER_MSG_ID,
@@ -255,8 +255,9 @@ def is_scheduled(stored: StoredTrigger) -> bool:
 
 
 class MemoryJobs:
-    def __init__(self) -> None:
+    def __init__(self, subject_prefix: str = DEFAULT_SUBJECT_PREFIX) -> None:
         self._bucket: _Bucket[JobSpec] = _Bucket(time.monotonic)
+        self._prefix = subject_prefix
 
     async def snapshot(self) -> dict[str, JobEvent]:
         return {
@@ -273,6 +274,11 @@ class MemoryJobs:
         )
 
     async def put(self, spec: JobSpec, last_revision: int | None) -> int:
+        # One event loop writes here, so checking every job is as good as a subject claim.
+        subject = spec.trigger_subject(self._prefix)
+        for name, entry in self._bucket.items().items():
+            if name != spec.name and entry.value.trigger_subject(self._prefix) == subject:
+                raise SubjectTakenError(subject, name)
         if last_revision is None:
             return self._bucket.write(spec.name, spec, None)
         if last_revision == 0:

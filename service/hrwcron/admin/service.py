@@ -24,7 +24,7 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 
 from .. import __version__
-from ..errors import ConflictError, InvalidInput, NotFoundError, Problem
+from ..errors import ConflictError, InvalidInput, NotFoundError, Problem, SubjectTakenError
 from ..model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, job_name_problem
 from ..ports import HEADER_KIND, JobEvent, JobsPort, StoreUnavailable, TriggerRecord, TriggersPort
 from ..scheduler import Scheduler
@@ -211,6 +211,8 @@ class AdminService:
     def _error(verb: str, exc: Exception) -> ApiError:
         if isinstance(exc, ApiError):
             return exc
+        if isinstance(exc, SubjectTakenError):
+            return ApiError("conflict", f"spec.subject: {exc}", "spec.subject")
         if isinstance(exc, ConflictError):
             return ApiError("conflict", str(exc), "revision")
         if isinstance(exc, NotFoundError):
