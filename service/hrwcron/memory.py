@@ -159,6 +159,13 @@ class MemoryClaims:
     ) -> int | None:
         return self._bucket.update(key, record, last_revision, ttl)
 
+    async def release(self, key: str, last_revision: int) -> bool:
+        entry = self._bucket.live(key)
+        if entry is None or entry.revision != last_revision:
+            return False
+        self._bucket.write(key, None, None)
+        return True
+
 
 @dataclass(frozen=True)
 class StoredTrigger:

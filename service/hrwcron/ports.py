@@ -103,6 +103,10 @@ class ClaimsPort(Protocol):
     async def replace(
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
     ) -> int | None: ...
+    async def release(self, key: str, last_revision: int) -> bool:
+        """Delete the claim if it is still at ``last_revision`` (a trigger that was not
+        published gives its claim back, so a retry can take it)."""
+        ...
 
 
 class TriggersPort(Protocol):

@@ -814,14 +814,17 @@ class Scheduler:
             )
         )
 
-    async def publish_unscheduled(self, name: str, msg_id: str, due_ms: int, kind: str) -> str:
+    async def publish_unscheduled(
+        self, name: str, msg_id: str, due_ms: int, kind: str, claim_key: str
+    ) -> str:
         """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
         claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
-        claimed or published before) or ``lock_busy``; raises NotFoundError for a bad name."""
+        claimed or published before), ``rejected`` (the server refused the trigger) or
+        ``lock_busy``; raises NotFoundError for a bad name. A trigger that was not published
+        gives its claim back, so the retry the caller is advised to make can take it."""
         job = self.jobs.get(name)
         if job is None:
             raise NotFoundError(f"no job named {name!r}")
-        claim_key = msg_id.replace(":", ".")
         record = ClaimRecord(
             node=self.node,
             instance=self.instance,
@@ -830,10 +833,19 @@ class Scheduler:
         )
         with self._observer.tick_span(name, msg_id, due_ms, 0) as span:
             span.set("hrwcron.kind", kind)
-            if await self._claims.create(claim_key, record, self._claim_ttl(job)) is None:
+            revision = await self._claims.create(claim_key, record, self._claim_ttl(job))
+            if revision is None:
                 span.set("outcome", "duplicate")
                 return "duplicate"
-            outcome = await self._fenced_publish(job, msg_id, due_ms, kind, 1, span)
+            outcome = "error"
+            try:
+                outcome = await self._fenced_publish(job, msg_id, due_ms, kind, 1, span)
+            finally:
+                if outcome not in ("started", "duplicate"):
+                    # Even after a timeout: if the trigger did land, its Msg-Id and the
+                    # stream check before a retry keep that retry from publishing it again.
+                    with contextlib.suppress(Exception):
+                        await self._claims.release(claim_key, revision)
             span.set("outcome", outcome)
         self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
         return outcome

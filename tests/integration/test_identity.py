@@ -1,19 +1,24 @@
-"""Identities no two jobs may share, on real replicas: a trigger subject, held by a create-only
-claim written with the job."""
+"""Identities no two jobs or ticks may share, on real replicas: a trigger subject (held by a
+create-only claim written with the job), a manual trigger id (for as long as the stream keeps
+the job's triggers) and a claim key."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
+from harness import wait_for_async
 from hrwcron.admin import AdminError
 from hrwcron.errors import SubjectTakenError
 from hrwcron.jetstream.kv import SUBJECT_CLAIM, JetStreamJobs, SubjectClaim, conditional_put
 from hrwcron.model import JobSpec, encode
 
 from .replicas import Cluster
+
+DEADLINE = 30.0
 
 # --- subjects are unique by construction ---------------------------------------------------
 
@@ -96,3 +101,45 @@ async def test_a_take_over_makes_the_stale_holders_late_write_fail(cluster: Clus
     # Writing it again the normal way says who has the subject.
     with pytest.raises(SubjectTakenError, match="rival"):
         await store.put(JobSpec(name="slow", schedule="@hourly", subject=subject), None)
+
+
+# --- manual trigger ids and claim keys ------------------------------------------------------
+
+
+async def test_a_repeated_trigger_id_publishes_nothing_after_claim_and_window_expire(
+    cluster: Cluster,
+) -> None:
+    admin = cluster.admin
+    await admin.put_job(JobSpec(name="once", schedule="@hourly"), 0)
+    first = await admin.trigger("once", "same")
+    assert first.outcome == "started"
+    # Forget it everywhere but in the stream: the claim expires (here: purged) and the
+    # stream's duplicate window passes (here: shortened to one second).
+    js = cluster.client.jetstream()
+    # A purge of the stream, not of the key: an expired claim leaves no marker behind.
+    await js.purge_stream("KV_hrwcron_claims", subject="$KV.hrwcron_claims.once.manual.same")
+    info = await js.stream_info("HRWCRON_TRIGGERS")
+    info.config.duplicate_window = 1.0
+    await js.update_stream(info.config)
+    stored = (await cluster.stored("once"))[-1].stored_ms
+    await wait_for_async(
+        lambda: time.time() * 1000 > stored + 1_500,
+        timeout=DEADLINE,
+        message="the shortened duplicate window to pass",
+    )
+    again = await admin.trigger("once", "same")
+    assert again.outcome == "duplicate"
+    assert [r.msg_id for r in await cluster.stored("once")] == ["once:manual:same"]
+    other = await admin.trigger("once", "other")
+    assert other.outcome == "started"
+
+
+async def test_a_manual_id_and_a_backfill_no_longer_share_a_claim(cluster: Cluster) -> None:
+    admin = cluster.admin
+    await admin.put_job(JobSpec(name="sec", schedule="*/5 * * * * *"), 0)
+    await admin.put_job(JobSpec(name="sec.manual", schedule="*/5 * * * * *"), 0)
+    manual = await admin.trigger("sec", "-5000")
+    assert manual.outcome == "started"
+    result = await admin.backfill("sec.manual", "1969-12-31T23:59:55Z", "1969-12-31T23:59:55Z")
+    assert (result.published, result.present) == (["sec.manual:-5000"], [])
+    assert [r.msg_id for r in await cluster.stored("sec.manual")] == ["sec.manual:-5000"]

@@ -25,7 +25,7 @@ from hrwcron.ports import (
     Published,
     PublishRejected,
 )
-from hrwcron.ticks import format_ms
+from hrwcron.ticks import format_ms, manual_claim_key
 
 from .test_engine import Cluster, every_second, now_ms, second_after
 
@@ -96,6 +96,28 @@ async def test_a_refused_trigger_fails_that_tick_once_and_marks_the_job(
     lines = [r for r in caplog.records if "poison" in r.getMessage()]
     assert 1 <= len(lines) <= len(replicas), [r.getMessage() for r in lines]
     assert all(r.scheduler.ready for r in replicas)
+
+
+async def test_a_manual_trigger_that_was_not_published_gives_its_claim_back(
+    cluster: Cluster,
+) -> None:
+    job = JobSpec(name="manual", schedule="@every 1h")
+    await cluster.put(job)
+    (replica,) = await cluster.start_all(["a"])
+    msg_id, key = "manual:manual:retry-me", manual_claim_key("manual", "retry-me")
+
+    refusing(cluster).conflicts = True
+    first = await replica.scheduler.publish_unscheduled("manual", msg_id, 1, "manual", key)
+    assert first == "lock_busy"
+    assert await cluster.claims.get(key) is None  # given back
+
+    refusing(cluster).conflicts = False
+    retry = await replica.scheduler.publish_unscheduled("manual", msg_id, 1, "manual", key)
+    assert retry == "started"
+    assert [m.headers["Nats-Msg-Id"] for m in cluster.triggers.messages] == [msg_id]
+    again = await replica.scheduler.publish_unscheduled("manual", msg_id, 1, "manual", key)
+    assert again == "duplicate"
+    assert len(cluster.triggers.messages) == 1
 
 
 async def test_a_job_the_engine_cannot_plan_is_skipped_and_the_watch_goes_on(

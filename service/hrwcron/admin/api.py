@@ -50,9 +50,13 @@ ERROR_CODES = {
 CALLER_ERRORS = frozenset({"bad_request", "not_found", "conflict", "too_large"})
 
 _MANUAL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-MANUAL_ID_RULE = "1-64 letters, digits, '_' or '-', not only digits"
+MANUAL_ID_RULE = "1-64 letters, digits, '_' or '-'"
 
 Limit = Annotated[int, msgspec.Meta(ge=1)]
+# A reply's size in bytes: 0 means as much as one reply can carry (the server's max_payload).
+# Lists, status and history stop a page at whichever of ``limit`` and ``max_bytes`` comes first
+# and say where the next page starts.
+MaxBytes = Annotated[int, msgspec.Meta(ge=0)]
 Revision = Annotated[int, msgspec.Meta(ge=0)]
 Instant = Annotated[datetime, msgspec.Meta(tz=True)]
 
@@ -62,9 +66,9 @@ def subject(verb: str, prefix: str = ADMIN_PREFIX) -> str:
 
 
 def manual_id_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a manual trigger id. All digits is refused because
-    ``<job>.manual.<digits>`` is also the claim key of a job named ``<job>.manual``."""
-    if not _MANUAL_ID.fullmatch(value) or value.isdigit():
+    """Why ``value`` cannot be a manual trigger id: it is one token of the tick key and of
+    the claim key (see :func:`hrwcron.ticks.claim_key`)."""
+    if not _MANUAL_ID.fullmatch(value):
         return f"{value[:80]!r} is not a valid trigger id; {MANUAL_ID_RULE}"
     return None
 

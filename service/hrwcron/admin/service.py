@@ -28,7 +28,7 @@ from ..errors import ConflictError, InvalidInput, NotFoundError, Problem, Subjec
 from ..model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, job_name_problem
 from ..ports import HEADER_KIND, JobEvent, JobsPort, StoreUnavailable, TriggerRecord, TriggersPort
 from ..scheduler import Scheduler
-from ..ticks import TickId, format_ms
+from ..ticks import TickId, format_ms, manual_claim_key
 from .api import (
     ADMIN_PREFIX,
     ERROR_CODES,
@@ -388,10 +388,24 @@ class AdminService:
         problem = manual_id_problem(manual_id)
         if problem:
             raise _bad("id", problem)
-        await self._loaded(request.name)
+        job = await self._loaded(request.name)
         due = int(self._scheduler.clock.now_ms())
         tick = f"{request.name}:manual:{manual_id}"
-        outcome = await self._scheduler.publish_unscheduled(request.name, tick, due, "manual")
+        outcome = "duplicate"
+        # A given id may have fired longer ago than its claim and the duplicate window last:
+        # the stream itself says, for as long as it keeps the job's triggers. A generated id
+        # is new by construction.
+        if not request.id or not await self._in_stream(job.subject, tick):
+            outcome = await self._scheduler.publish_unscheduled(
+                request.name, tick, due, "manual", manual_claim_key(request.name, manual_id)
+            )
+        if outcome == "rejected":
+            raise ApiError(
+                "conflict",
+                f"trigger {tick} was refused: {self._scheduler.problem_of(request.name)}; "
+                "fix the job's spec",
+                "name",
+            )
         if outcome not in ("started", "duplicate"):
             raise ApiError("unavailable", f"trigger {tick} was not published ({outcome}); retry")
         log.info("manual trigger %s: %s", tick, outcome)
@@ -402,6 +416,17 @@ class AdminService:
             due=format_ms(due),
             node=self._scheduler.node,
         )
+
+    async def _in_stream(self, trigger_subject: str, msg_id: str) -> bool:
+        stored = await self._triggers.since(trigger_subject, 0, SCAN_LIMIT)
+        if len(stored) >= SCAN_LIMIT:
+            raise ApiError(
+                "too_large",
+                f"the stream holds more than {SCAN_LIMIT} triggers of this job, too many to "
+                "check the id against; trigger without --id",
+                "id",
+            )
+        return any(record.msg_id == msg_id for record in stored)
 
     async def backfill(self, request: BackfillJob) -> BackfillResult:
         _check_name(request.name)
@@ -458,12 +483,19 @@ class AdminService:
                 result.published.append(key)
             else:
                 outcome = await self._scheduler.publish_unscheduled(
-                    request.name, key, instant, "backfill"
+                    request.name, key, instant, "backfill", TickId(request.name, instant).claim_key
                 )
                 if outcome == "started":
                     result.published.append(key)
                 elif outcome == "duplicate":
                     result.present.append(key)
+                elif outcome == "rejected":
+                    raise ApiError(
+                        "conflict",
+                        f"backfill stopped at {key}: "
+                        f"{self._scheduler.problem_of(request.name)}; fix the job's spec",
+                        "name",
+                    )
                 else:
                     raise ApiError(
                         "unavailable",

@@ -246,6 +246,9 @@ class JetStreamClaims:
             self._js, self._bucket, key, encode(record), last_revision, ttl
         )
 
+    async def release(self, key: str, last_revision: int) -> bool:
+        return await conditional_delete(self._js, self._bucket, key, last_revision)
+
 
 # Subject claims live in the claims bucket under keys that no tick claim can have: a claim key
 # starts with a job name, whose tokens never hold '='.
