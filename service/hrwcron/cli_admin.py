@@ -505,7 +505,7 @@ def add_status(sub: Subparsers) -> None:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
-        reply = await admin.status(args.name or "", args.prefix, limit=10_000)
+        reply = await admin.full_status(args.name or "", args.prefix)
         if args.json:
             _print_json(reply)
             return EXIT_OK
@@ -545,8 +545,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
         lines += _table(
             ["JOB", "SCHEDULE", "OWNER", "FAILOVER", "NEXT", "LAST TRIGGER", "TAGS"], job_rows
         )
-        if reply.truncated:
-            lines.append(f"... {reply.total_jobs - len(reply.jobs)} more (use --prefix)")
         lines += [f"{j.name}: BAD: {j.problem}" for j in reply.jobs if j.problem]
         _emit(lines)
         return EXIT_OK

@@ -225,8 +225,12 @@ class MemoryTriggers:
         finally:
             self._listeners.remove(queue)
 
-    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
-        mine = [_as_record(m) for m in self.messages if m.subject == subject]
+    async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
+        mine = [
+            _as_record(m)
+            for m in self.messages
+            if m.subject == subject and (not before_seq or m.seq < before_seq)
+        ]
         return mine[-limit:] if limit > 0 else []
 
     async def since(self, subject: str, since_ms: float, limit: int) -> list[TriggerRecord]:

@@ -103,13 +103,15 @@ class ListJobs(_Request):
     prefix: str = ""
     after: str = ""  # page cursor: only names sorting after this one
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_LIST)] = 1_000
+    max_bytes: MaxBytes = 0
 
 
 class JobEntry(msgspec.Struct, kw_only=True):
     name: str
     revision: int
     spec: JobSpec | None = None
-    error: str = ""  # set when the stored value is not a valid job
+    # Set when the stored value is not a valid job, or too large for a reply (spec left out).
+    error: str = ""
 
 
 class JobList(msgspec.Struct, kw_only=True):
@@ -196,7 +198,9 @@ class BackfillResult(msgspec.Struct, kw_only=True):
 class StatusRequest(_Request):
     name: str = ""  # one job only
     prefix: str = ""
+    after: str = ""  # page cursor: only names sorting after this one
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATUS)] = 1_000
+    max_bytes: MaxBytes = 0
 
 
 class MemberStatus(msgspec.Struct, kw_only=True):
@@ -244,13 +248,16 @@ class StatusReply(msgspec.Struct, kw_only=True):
     digest: str
     members: list[MemberStatus]
     jobs: list[JobStatus]
-    total_jobs: int
-    truncated: bool
+    total_jobs: int  # jobs matching name or prefix, on every page together
+    truncated: bool  # more pages follow
+    next: str = ""  # pass as ``after`` for the next page; empty on the last page
 
 
 class HistoryRequest(_Request):
     name: str
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_HISTORY)] = 20
+    before: Annotated[int, msgspec.Meta(ge=0)] = 0  # page cursor: only older stream sequences
+    max_bytes: MaxBytes = 0
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
@@ -263,12 +270,14 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     node: str
     attempt: int
     payload: Any = None
+    omitted: str = ""  # why ``payload`` was left out (too large for a reply)
 
 
 class HistoryReply(msgspec.Struct, kw_only=True):
     name: str
     subject: str
     triggers: list[HistoryEntry]  # newest first
+    next: int = 0  # pass as ``before`` for older triggers; 0 when there are none
 
 
 REQUEST_TYPES: dict[str, type[_Request]] = {

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo, DeliverPolicy
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
@@ -94,17 +95,53 @@ async def _entry(kv: KeyValue, key: str) -> KeyValue.Entry | None:
         return None
 
 
-async def _snapshot(kv: KeyValue) -> list[KeyValue.Entry]:
-    watcher = await kv.watchall(ignore_deletes=True)
+def nothing_to_read(info: ConsumerInfo) -> bool:
+    """A new consumer with nothing pending and nothing delivered by the server. The client's
+    own count of delivered messages is no substitute: a message the server sent is not
+    counted until it has arrived whole, which for large ones takes a while."""
+    delivered = info.delivered.consumer_seq if info.delivered else 0
+    return (info.num_pending or 0) == 0 and not delivered
+
+
+async def _snapshot(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
+    """The newest entry of every live key, read through one ordered consumer. Not nats-py's
+    watch: it announces the end of the initial values when the server had nothing pending as
+    the watch began, even while those values are still arriving, and with large values a
+    listing came back short or empty."""
+    prefix = f"$KV.{bucket}."
+    subscription = await js.subscribe(
+        f"{prefix}>",
+        stream=f"KV_{bucket}",
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+    )
     entries: list[KeyValue.Entry] = []
     try:
-        while (entry := await watcher.updates(timeout=5)) is not None:
-            entries.append(entry)
+        if nothing_to_read(await subscription.consumer_info()):
+            return entries
+        while True:
+            msg = await subscription.next_msg(timeout=5)
+            meta = msg.metadata
+            headers = msg.headers or {}
+            operation = headers.get(KV_OP)
+            if operation not in (KV_DEL, KV_PURGE) and MARKER_REASON not in headers:
+                entries.append(
+                    KeyValue.Entry(
+                        bucket=bucket,
+                        key=msg.subject[len(prefix) :],
+                        value=msg.data,
+                        revision=int(meta.sequence.stream),
+                        delta=meta.num_pending,
+                        created=meta.timestamp,  # type: ignore[arg-type]
+                        operation=operation,
+                    )
+                )
+            if meta.num_pending == 0:
+                return entries
     finally:
         # On a closed connection this raises, and would replace a cancellation.
         with contextlib.suppress(Exception):
-            await watcher.stop()
-    return entries
+            await subscription.unsubscribe()
 
 
 async def _latest(js: JetStreamContext, bucket: str) -> list[tuple[str, bytes, int]]:
@@ -317,7 +354,7 @@ class JetStreamJobs:
         return JobEvent(entry.key, spec, revision, written_ms=written)
 
     async def snapshot(self) -> dict[str, JobEvent]:
-        return {e.key: self._event(e) for e in await _snapshot(self._kv)}
+        return {e.key: self._event(e) for e in await _snapshot(self._js, self._bucket)}
 
     async def get(self, name: str) -> JobEvent | None:
         entry = await _entry(self._kv, name)

@@ -24,7 +24,7 @@ from ..ports import (
     PublishRejected,
     TriggerRecord,
 )
-from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE
+from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE, nothing_to_read
 
 
 def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
@@ -124,7 +124,7 @@ class JetStreamTriggers:
         )
         try:
             info = await subscription.consumer_info()
-            loaded = (info.num_pending or 0) == 0 and subscription.delivered == 0
+            loaded = nothing_to_read(info)
             if loaded:
                 yield None
             while True:
@@ -149,8 +149,12 @@ class JetStreamTriggers:
         except NotFoundError:
             return []
         last_seq = int(newest.seq or 0)
+        if before_seq:
+            last_seq = min(last_seq, before_seq - 1)
         info = await self._js.stream_info(self._stream)
         first_seq = int(info.state.first_seq or 1)
+        if last_seq < first_seq:
+            return []
         window = max(64, 4 * limit)
         while True:
             start = max(first_seq, last_seq - window + 1)
@@ -158,6 +162,8 @@ class JetStreamTriggers:
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
             )
             found = await self._read(subject, config, last_seq, limit=None)
+            # The read stops at the first message at or past last_seq, which may be past it.
+            found = [record for record in found if record.seq <= last_seq]
             if len(found) >= limit or start <= first_seq:
                 return found[-limit:]
             window *= 8
@@ -180,7 +186,7 @@ class JetStreamTriggers:
         found: list[TriggerRecord] = []
         try:
             info = await subscription.consumer_info()
-            if (info.num_pending or 0) == 0 and subscription.delivered == 0:
+            if nothing_to_read(info):
                 return found
             while limit is None or len(found) < limit:
                 msg = await subscription.next_msg(timeout=5)
