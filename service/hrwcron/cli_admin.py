@@ -409,7 +409,9 @@ def add_trigger(sub: Subparsers) -> None:
         help="fire a job now, outside its schedule (admin API)",
         description=(
             "Publish a trigger for JOB now, through the same claim and fenced publish as a "
-            "scheduled tick. Its tick key is JOB:manual:ID; the same --id never fires twice."
+            "scheduled tick. Its tick key is JOB:manual:ID; the same --id never fires twice "
+            "while the trigger stream keeps the job's triggers (looking it up there takes a "
+            "few seconds for a job that fires every second)."
         ),
         epilog="example:\n  hrwcron trigger reports.daily --id rerun-2026-03-07",
         formatter_class=_FORMATTER,
@@ -423,7 +425,8 @@ def add_trigger(sub: Subparsers) -> None:
 
 def _cmd_trigger(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
-        result = await admin.trigger(args.name, args.id)
+        wait = max(60.0, args.timeout) if args.id else None  # the id is looked up in the stream
+        result = await admin.trigger(args.name, args.id, timeout=wait)
         if args.json:
             _print_json(result)
         elif result.outcome == "started":

@@ -129,9 +129,13 @@ class AdminClient:
         verb = "jobs.pause" if paused else "jobs.resume"
         return await self.call(verb, {"name": name}, PauseResult)
 
-    async def trigger(self, name: str, trigger_id: str = "") -> TriggerResult:
+    async def trigger(
+        self, name: str, trigger_id: str = "", *, timeout: float | None = None
+    ) -> TriggerResult:
+        """With ``trigger_id`` the replica first reads the job's stored triggers for it, which
+        for a job firing every second is a day of them: give it time."""
         request = {"name": name, "id": trigger_id} if trigger_id else {"name": name}
-        return await self.call("trigger", request, TriggerResult)
+        return await self.call("trigger", request, TriggerResult, timeout=timeout)
 
     async def backfill(
         self, name: str, start: str, end: str, *, dry_run: bool = False, timeout: float = 120.0
