@@ -19,7 +19,7 @@ from hrwcron.admin.api import (
     decode_request,
 )
 from hrwcron.app import check_max_payload
-from hrwcron.config import ConfigFileError, parse_config
+from hrwcron.config import ConfigFileError, config_warnings, parse_config
 from hrwcron.errors import NatsSetupError, ScheduleError
 from hrwcron.memory import MemoryJobs
 from hrwcron.model import (
@@ -287,3 +287,11 @@ def test_a_payload_whose_trigger_would_not_fit_the_server_is_refused() -> None:
         assert await jobs.snapshot() == {}
 
     asyncio.run(scenario())
+
+
+def test_check_config_warns_of_a_max_payload_the_default_server_cannot_carry() -> None:
+    fits = parse_config("[scheduler]\nmax_payload = 1040384\n", "c.toml", {})
+    assert config_warnings(fits) == []
+    too_big = parse_config("[scheduler]\nmax_payload = 1048576\n", "c.toml", {})
+    (warning,) = config_warnings(too_big)
+    assert warning.where == "scheduler.max_payload" and "refuses to start" in warning.message
