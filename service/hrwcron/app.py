@@ -268,7 +268,7 @@ async def serve(config: Config, env: Mapping[str, str]) -> int:
         log.error("%s", exc)
         return 1
     code = await _run_until_stopped(replica, stop)
-    exit_deadline(grace + 1.0, code or 1)
+    exit_deadline(grace + 1.0, code or 1)  # a stop cut short is not a clean exit
     log.info("stopping")
     await replica.stop()
     log.info("stopped")
