@@ -56,6 +56,7 @@ OUTCOMES = (
     "missed",
     "fenced",
     "skipped",
+    "rejected",
     "error",
 )
 CONTENTION = frozenset({"lock_busy", "already_claimed"})
