@@ -808,9 +808,15 @@ class Scheduler:
             await asyncio.wait_for(self._beat(), timeout=1)
         if self._acts:
             await asyncio.wait(set(self._acts), timeout=max(0.1, timeout - 1))
-        for task in list(self._tasks) + list(self._acts):
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._acts, return_exceptions=True)
+        tasks = {*self._tasks, *self._acts}
+        while pending := {task for task in tasks if not task.done()}:
+            # Cancelled again until done: Python 3.11's asyncio.wait_for (inside nats-py's
+            # requests) drops a cancellation that arrives in the step its answer does, and a
+            # loop that lost its cancellation would keep this stop waiting forever.
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.5)
+        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._members.deregister(self.node), timeout=1)
 
