@@ -25,7 +25,7 @@ from .jetstream.connect import connect
 from .jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers, JetStreamRuns
 from .jetstream.provision import Layout, provision
 from .jetstream.triggers import JetStreamTriggers
-from .jobsync import apply_diff, diff_jobs
+from .jobsync import apply_at_start
 from .model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE
 from .ports import NullObserver, Observer
 from .scheduler import Scheduler, Settings
@@ -167,6 +167,21 @@ class Replica:
         self.stopped.set()
 
 
+async def _apply_config_jobs(stores: Stores, config: Config) -> None:
+    """Replicas started together from one file race to write the same jobs; see
+    ``apply_at_start`` for why losing that race is never fatal."""
+    applied = await apply_at_start(stores.jobs, config.jobs)
+    if applied.written:
+        log.info("applied jobs from the config file: %s", ", ".join(applied.written))
+    if applied.concurrent:
+        log.info(
+            "%d jobs from the config file were written by another replica meanwhile",
+            len(applied.concurrent),
+        )
+    for warning in applied.left:
+        log.warning("%s", warning)
+
+
 async def start_replica(
     config: Config, env: Mapping[str, str], observer: Observer | None = None
 ) -> Replica:
@@ -174,10 +189,7 @@ async def start_replica(
     http: HttpServer | None = None
     try:
         if config.scheduler.apply_jobs and config.jobs:
-            diff = await diff_jobs(stores.jobs, config.jobs, prune=False)
-            if not diff.empty:
-                log.info("applying jobs from the config file: %s", ", ".join(diff.lines()))
-                await apply_diff(stores.jobs, diff)
+            await _apply_config_jobs(stores, config)
         clock = Clock()
         telemetry = observer if isinstance(observer, Telemetry) else None
         if observer is None:
