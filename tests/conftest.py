@@ -8,12 +8,29 @@ from pathlib import Path
 import pytest
 
 from harness import (
+    KEEP_DIRS_ENV,
     FaketimeUnavailable,
     NatsCluster,
     NatsServer,
     faketime_env,
     find_libfaketime,
+    keep_dirs,
+    run_dir,
 )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest's temporary directories (tmp_path, where most fixtures keep their servers' stores)
+    # go inside the run directory, so a killed run leaves none of them behind either; without
+    # this, pytest keeps the last three runs' directories and a killed run's stores with them.
+    if config.option.basetemp is None:
+        config.option.basetemp = str(run_dir() / "pytest")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if keep_dirs():
+        terminalreporter.write_line(f"run directory kept ({KEEP_DIRS_ENV}): {run_dir()}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -22,7 +22,7 @@ import msgspec
 
 from .config import ENV_CONFIG_PATH, Config, load_config, redact_url
 from .errors import HrwcronError, InvalidInput, NatsSetupError, Problem
-from .model import JobSpec, job_name_problem
+from .model import MAX_PAYLOAD_DEPTH, JobSpec, job_name_problem, json_depth
 from .ticks import format_ms, parse_instant
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_SERVER = 1
+_TOO_DEEP = f"nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep"
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
@@ -313,6 +314,15 @@ def _cmd_jobs_get(args: argparse.Namespace) -> int:
 
 
 def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+    spec = _read_spec_args(args)
+    # Checked here as well as by the replica: a payload this deep cannot even be encoded
+    # into the request.
+    if json_depth(spec.payload) > MAX_PAYLOAD_DEPTH:
+        raise InvalidInput(_TOO_DEEP, "--file" if args.file else "--payload")
+    return spec
+
+
+def _read_spec_args(args: argparse.Namespace) -> JobSpec:
     flags = {
         "schedule": args.schedule,
         "tz": args.tz,
@@ -334,6 +344,8 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
             given["payload"] = msgspec.json.decode(args.payload)
         except msgspec.DecodeError as exc:
             raise InvalidInput(f"is not JSON: {exc}", "--payload") from None
+        except RecursionError:
+            raise InvalidInput(_TOO_DEEP, "--payload") from None
     if args.tags is not None:
         given["tags"] = [t.strip() for t in args.tags.split(",") if t.strip()]
     if args.paused:
@@ -370,6 +382,8 @@ def _read_spec(path: str) -> JobSpec:
         return msgspec.json.decode(data, type=JobSpec)
     except msgspec.MsgspecError as exc:
         raise InvalidInput(f"{path}: not a job spec: {exc}", "--file") from None
+    except RecursionError:
+        raise InvalidInput(f"{path}: {_TOO_DEEP}", "--file") from None
 
 
 def _cmd_jobs_put(args: argparse.Namespace) -> int:
@@ -422,7 +436,9 @@ def add_trigger(sub: Subparsers) -> None:
         help="fire a job now, outside its schedule (admin API)",
         description=(
             "Publish a trigger for JOB now, through the same claim and fenced publish as a "
-            "scheduled tick. Its tick key is JOB:manual:ID; the same --id never fires twice."
+            "scheduled tick. Its tick key is JOB:manual:ID; the same --id never fires twice "
+            "while the trigger stream keeps the job's triggers (looking it up there takes a "
+            "few seconds for a job that fires every second)."
         ),
         epilog="example:\n  hrwcron trigger reports.daily --id rerun-2026-03-07",
         formatter_class=_FORMATTER,
@@ -436,7 +452,8 @@ def add_trigger(sub: Subparsers) -> None:
 
 def _cmd_trigger(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
-        result = await admin.trigger(args.name, args.id)
+        wait = max(60.0, args.timeout) if args.id else None  # the id is looked up in the stream
+        result = await admin.trigger(args.name, args.id, timeout=wait)
         if args.json:
             _print_json(result)
         elif result.outcome == "started":
@@ -518,7 +535,7 @@ def add_status(sub: Subparsers) -> None:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
-        reply = await admin.status(args.name or "", args.prefix, limit=10_000)
+        reply = await admin.full_status(args.name or "", args.prefix)
         if args.json:
             _print_json(reply)
             return EXIT_OK
@@ -560,8 +577,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             ["JOB", "SCHEDULE", "STATE", "OWNER", "FAILOVER", "NEXT", "LAST TRIGGER", "TAGS"],
             job_rows,
         )
-        if reply.truncated:
-            lines.append(f"... {reply.total_jobs - len(reply.jobs)} more (use --prefix)")
+        lines += [f"{j.name}: BAD: {j.problem}" for j in reply.jobs if j.problem]
         _emit(lines)
         return EXIT_OK
 
@@ -659,6 +675,8 @@ def _jobs_from_file(path: str) -> list[JobSpec]:
         specs = msgspec.json.decode(data, type=list[JobSpec])
     except msgspec.MsgspecError as exc:
         raise InvalidInput(f"not a JSON array of job specs: {exc}", path) from None
+    except RecursionError:
+        raise InvalidInput(_TOO_DEEP, path) from None
     problems: list[Problem] = []
     seen: set[str] = set()
     for i, spec in enumerate(specs):

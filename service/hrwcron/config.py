@@ -26,7 +26,13 @@ import msgspec
 
 from .errors import ConfigError, Problem, ScheduleError
 from .failpoints import ENV as FAILPOINTS_ENV
-from .model import DEFAULT_MAX_LATENESS, DEFAULT_MAX_PAYLOAD, DEFAULT_SUBJECT_PREFIX, JobSpec
+from .model import (
+    DEFAULT_MAX_LATENESS,
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_SUBJECT_PREFIX,
+    TRIGGER_ENVELOPE,
+    JobSpec,
+)
 from .schedule import parse_duration
 
 MASK = "***"
@@ -48,6 +54,7 @@ _BUCKET = re.compile(r"[A-Za-z0-9_-]{1,255}")
 _STREAM = re.compile(r"[!-~]{1,255}")
 _STREAM_FORBIDDEN = set(".*>/\\")
 _MAX_NATS_PAYLOAD = 64 * 1024 * 1024
+NATS_DEFAULT_MAX_PAYLOAD = 1024 * 1024
 _TOML_POSITION = re.compile(r"\s*\(at (line \d+, column \d+|end of document)\)$")
 
 Storage = Literal["file", "memory"]
@@ -547,6 +554,9 @@ def parse_config(
         where = found.group(1) if found else ""
         detail = message[: found.start()] if found else message
         raise ConfigFileError([Problem(where, f"invalid TOML: {detail}")], source) from None
+    except RecursionError:
+        problem = Problem("", "invalid TOML: arrays or tables nested too deeply")
+        raise ConfigFileError([problem], source) from None
     return _build(raw, source, env, base_dir, c)
 
 
@@ -766,6 +776,12 @@ def _check_scheduler(s: SchedulerConfig, c: _Collector) -> None:
             f"{s.subject_prefix[:80]!r}: dot-separated tokens of letters, digits, _ or - "
             "(no wildcards or empty tokens)",
         )
+    elif len(tokens) > 8 or len(s.subject_prefix) > 255:
+        # With a job name after it, a default subject stays within the trigger subject limits.
+        c.add(
+            "scheduler.subject_prefix",
+            f"{s.subject_prefix[:80]!r}: at most 8 tokens and 255 characters",
+        )
 
 
 def _check_http(h: HttpConfig, c: _Collector) -> None:
@@ -843,6 +859,15 @@ def config_warnings(config: Config) -> list[Problem]:
                 "scheduler.membership_refresh",
                 f"is not shorter than member_ttl ({s.member_ttl:g} s): the membership view goes "
                 "stale between refreshes and the replica stops claiming",
+            )
+        )
+    if s.max_payload + TRIGGER_ENVELOPE > NATS_DEFAULT_MAX_PAYLOAD:
+        found.append(
+            Problem(
+                "scheduler.max_payload",
+                f"plus a trigger's envelope ({TRIGGER_ENVELOPE} bytes) is more than "
+                f"nats-server's default max_payload ({NATS_DEFAULT_MAX_PAYLOAD} bytes): a "
+                "replica refuses to start unless the server's max_payload is raised to match",
             )
         )
     return found

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .errors import ConflictError, DuplicateNodeError
-from .model import ClaimRecord, Heartbeat, JobSpec
+from .errors import ConflictError, DuplicateNodeError, SubjectTakenError
+from .model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec
 from .ports import (
     HEADER_KIND,
     HEADER_MSG_ID,
@@ -161,6 +161,13 @@ class MemoryClaims:
     ) -> int | None:
         return self._bucket.update(key, record, last_revision, ttl)
 
+    async def release(self, key: str, last_revision: int) -> bool:
+        entry = self._bucket.live(key)
+        if entry is None or entry.revision != last_revision:
+            return False
+        self._bucket.write(key, None, None)
+        return True
+
 
 @dataclass(frozen=True)
 class StoredTrigger:
@@ -227,8 +234,12 @@ class MemoryTriggers:
         finally:
             self._listeners.remove(queue)
 
-    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
-        mine = [_as_record(m) for m in self.messages if m.subject == subject]
+    async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
+        mine = [
+            _as_record(m)
+            for m in self.messages
+            if m.subject == subject and (not before_seq or m.seq < before_seq)
+        ]
         return mine[-limit:] if limit > 0 else []
 
     async def since(self, subject: str, since_ms: float, limit: int) -> list[TriggerRecord]:
@@ -265,8 +276,9 @@ def is_scheduled(stored: StoredTrigger) -> bool:
 
 
 class MemoryJobs:
-    def __init__(self) -> None:
+    def __init__(self, subject_prefix: str = DEFAULT_SUBJECT_PREFIX) -> None:
         self._bucket: _Bucket[JobSpec] = _Bucket(time.monotonic)
+        self._prefix = subject_prefix
 
     async def snapshot(self) -> dict[str, JobEvent]:
         return {
@@ -283,6 +295,11 @@ class MemoryJobs:
         )
 
     async def put(self, spec: JobSpec, last_revision: int | None) -> int:
+        # One event loop writes here, so checking every job is as good as a subject claim.
+        subject = spec.trigger_subject(self._prefix)
+        for name, entry in self._bucket.items().items():
+            if name != spec.name and entry.value.trigger_subject(self._prefix) == subject:
+                raise SubjectTakenError(subject, name)
         if last_revision is None:
             return self._bucket.write(spec.name, spec, None)
         if last_revision == 0:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from importlib import resources
 from typing import Any, Literal
+from zoneinfo import available_timezones
 
 import msgspec
 
@@ -23,6 +26,23 @@ JOB_NAME_RULE = (
     "each 1-64 characters (no wildcards, spaces or empty tokens)"
 )
 
+# A trigger subject travels in the PUB line of every publish, next to the reply inbox and the
+# sizes; nats-server closes a connection whose line passes max_control_line (4096 bytes by
+# default). These bounds keep that line, and every KV key built from a subject or a job name,
+# far below it: a job name is at most 8 tokens of 64 characters (519 in all).
+MAX_SUBJECT_LENGTH = 1024
+MAX_SUBJECT_TOKENS = 32
+# Arrays and objects nested in a payload. Every decoder on the way (the admin API, the jobs
+# watch, each worker) recurses per level, and Python's stack runs out near 1000 levels, at a
+# depth that depends on where the decoder is called from; a fixed, low bound keeps every one of
+# them far from it.
+MAX_PAYLOAD_DEPTH = 64
+# What a trigger carries besides the job's payload: the body's other fields (job name, tick
+# key, instants, node id) and the headers (Msg-Id, job, due, kind, watermark, fencing sequence,
+# trace context), with every field at its longest and room to spare. ``scheduler.max_payload``
+# plus this must fit the server's max_payload.
+TRIGGER_ENVELOPE = 8 * 1024
+
 Catchup = Literal["all", "latest"]
 Overlap = Literal["allow", "skip"]
 
@@ -41,13 +61,69 @@ def job_name_problem(name: object) -> str | None:
 
 
 def subject_problem(subject: str, prefix: str) -> str | None:
+    shown = repr(subject[:80]) + ("..." if len(subject) > 80 else "")
+    if len(subject) > MAX_SUBJECT_LENGTH:
+        return (
+            f"{shown} is {len(subject)} characters long; a trigger subject is at most "
+            f"{MAX_SUBJECT_LENGTH}"
+        )
     if not subject.startswith(prefix + "."):
-        return f"{subject!r} is outside the trigger stream's subjects {prefix}.>"
+        return f"{shown} is outside the trigger stream's subjects {prefix}.>"
+    tokens = subject.count(".") + 1
+    if tokens > MAX_SUBJECT_TOKENS:
+        return f"{shown} has {tokens} tokens; a trigger subject has at most {MAX_SUBJECT_TOKENS}"
     rest = subject[len(prefix) + 1 :]
     for token in rest.split("."):
         if not _TOKEN.fullmatch(token):
-            return f"{subject!r} has the bad token {token[:80]!r} (no wildcards or empty tokens)"
+            return f"{shown} has the bad token {token[:80]!r} (no wildcards or empty tokens)"
     return None
+
+
+# Names that load on some hosts only, or differently on each: the host's own zone, the
+# "posix/" and "right/" (leap second) copies of the database, and tzdata's placeholder zone.
+_HOST_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+
+
+@lru_cache(maxsize=1)
+def _iana_zones() -> frozenset[str]:
+    """The zone names of the IANA database shipped with hrwcron (the tzdata package), so every
+    replica accepts the same names whatever its host has in /usr/share/zoneinfo."""
+    try:
+        names = resources.files("tzdata").joinpath("zones").read_text("utf-8").split()
+    except (ModuleNotFoundError, OSError):
+        names = list(available_timezones())
+    return frozenset(names) - _HOST_ZONES
+
+
+def tz_problem(tz: str) -> str | None:
+    """Why ``tz`` is not a canonical IANA zone name every replica reads the same way."""
+    if isinstance(tz, str) and tz in _iana_zones():
+        return None
+    shown = repr(tz[:80]) if isinstance(tz, str) else type(tz).__name__
+    return (
+        f"{shown} is not an IANA time zone name such as 'UTC' or 'Europe/Berlin' "
+        "('localtime', 'posix/...', 'right/...' and 'Factory' depend on the host)"
+    )
+
+
+def json_depth(value: Any, limit: int = MAX_PAYLOAD_DEPTH) -> int:
+    """How deeply arrays and objects nest in ``value`` (a scalar is 0, ``[]`` is 1), counted
+    without recursion and only up to ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 # A job's lateness window when it names none. The trigger stream's duplicate window must cover
@@ -82,11 +158,12 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
     delete_after: float | None = None
     v: int = SCHEMA_VERSION
 
-    def plan(self) -> TickPlan:
-        """The job's ticks: its schedule inside its window, with its exclusions."""
+    def plan(self, tz: str | None = None) -> TickPlan:
+        """The job's ticks: its schedule inside its window, with its exclusions (in ``tz``
+        instead of the job's zone when given)."""
         return TickPlan.parse(
             self.schedule,
-            self.tz,
+            tz or self.tz,
             job=self.name,
             start=self.start,
             end=self.end,
@@ -138,8 +215,12 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
             found.append(Problem("name", bad_name))
         if self.v != SCHEMA_VERSION:
             found.append(Problem("v", f"schema version {self.v} is not supported (expected 1)"))
+        bad_tz = tz_problem(self.tz)
+        if bad_tz:
+            found.append(Problem("tz", bad_tz))
         if check_schedule:
-            found += self._plan_problems(now_ms)
+            # With a bad zone the expression is still worth checking, in a good one.
+            found += self._plan_problems(now_ms, "UTC" if bad_tz else self.tz)
         if not (0 < self.max_lateness <= 86_400):
             found.append(Problem("max_lateness", "must be more than 0 and at most 86400 seconds"))
         if not (0 <= self.jitter <= 3_600):
@@ -153,9 +234,18 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
                 found.append(Problem(f"tags[{i}]", "a tag is 1-64 of letters, digits, _ . : = -"))
         if len(self.description) > 1024:
             found.append(Problem("description", "at most 1024 characters"))
+        depth = json_depth(self.payload)
+        if depth > MAX_PAYLOAD_DEPTH:
+            found.append(
+                Problem(
+                    "payload",
+                    f"nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep",
+                )
+            )
+            return found
         try:
             size = len(msgspec.json.encode(self.payload))
-        except (TypeError, msgspec.EncodeError) as exc:
+        except (TypeError, msgspec.EncodeError, RecursionError) as exc:
             found.append(Problem("payload", f"is not JSON: {exc}"))
         else:
             if size > max_payload:
@@ -182,9 +272,9 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
                 )
         return found
 
-    def _plan_problems(self, now_ms: int | None) -> list[Problem]:
+    def _plan_problems(self, now_ms: int | None, tz: str) -> list[Problem]:
         try:
-            plan = self.plan()
+            plan = self.plan(tz)
         except ScheduleError as exc:
             return [_located(p) for p in exc.problems]
         late = None if plan.plain else plan.static_problem()
@@ -274,3 +364,7 @@ def decode_job(data: bytes, *, where: str = "job") -> JobSpec:
         raise JobSpecError(Problem(where, str(exc))) from None
     except msgspec.DecodeError as exc:
         raise JobSpecError(Problem(where, f"is not JSON: {exc}")) from None
+    except RecursionError:
+        raise JobSpecError(
+            Problem(where, f"nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep")
+        ) from None

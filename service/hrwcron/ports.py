@@ -27,6 +27,11 @@ class FenceConflict(Exception):
     """The stream refused a publish because the subject's last sequence was not the expected one."""
 
 
+class PublishRejected(Exception):
+    """The server refused a trigger for what it is (too large, a subject it cannot take):
+    publishing the same trigger again cannot succeed, so the tick fails, not the replica."""
+
+
 class StoreUnavailable(Exception):
     """The store did not answer in time; the write may or may not have been applied."""
 
@@ -104,6 +109,10 @@ class ClaimsPort(Protocol):
     async def replace(
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
     ) -> int | None: ...
+    async def release(self, key: str, last_revision: int) -> bool:
+        """Delete the claim if it is still at ``last_revision`` (a trigger that was not
+        published gives its claim back, so a retry can take it)."""
+        ...
 
 
 class TriggersPort(Protocol):
@@ -116,8 +125,9 @@ class TriggersPort(Protocol):
     ) -> Published: ...
     async def last(self, subject: str) -> LastTrigger | None: ...
     def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]: ...
-    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
-        """The newest ``limit`` triggers of ``subject``, oldest first."""
+    async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
+        """The newest ``limit`` triggers of ``subject``, oldest first; with ``before_seq``,
+        the newest of those stored before that stream sequence."""
         ...
 
     async def since(self, subject: str, since_ms: float, limit: int) -> list[TriggerRecord]:

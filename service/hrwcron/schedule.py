@@ -70,6 +70,10 @@ MACROS: dict[str, str] = {
 }
 
 MIN_EVERY_MS = 1_000
+# Longer intervals tick so rarely that their next tick can lie beyond the supported years.
+MAX_EVERY_MS = 366 * 86_400_000
+# A 6-field expression listing every value of every field is about 530 characters.
+MAX_EXPRESSION_LENGTH = 1024
 
 _MONTH_NAMES = {
     name: i + 1
@@ -875,6 +879,11 @@ def _uses_hash(expr: str) -> bool:
 
 @lru_cache(maxsize=4096)
 def _parse(expr: str, tz: str, job: str | None) -> Schedule:
+    if len(expr) > MAX_EXPRESSION_LENGTH:
+        raise _fail(
+            "expression",
+            f"is {len(expr)} characters long; a schedule is at most {MAX_EXPRESSION_LENGTH}",
+        )
     zones = _zone_table(tz)
     text = expr.strip()
     if not text:
@@ -889,6 +898,8 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
             raise _fail("duration", f"{parts[1]!r} is not a whole number of milliseconds")
         if ms < MIN_EVERY_MS:
             raise _fail("duration", f"{parts[1]!r} is shorter than the minimum of 1s")
+        if ms > MAX_EVERY_MS:
+            raise _fail("duration", f"{parts[1][:40]!r} is longer than the maximum of 366 days")
         return Schedule(expr, tz, False, _every_ms=int(ms))
     if head == "@at":
         if len(parts) != 2:

@@ -44,6 +44,7 @@ from .ports import (
     LastTrigger,
     MembersPort,
     Observer,
+    PublishRejected,
     RunsPort,
     ServerTime,
     TickSpan,
@@ -70,8 +71,12 @@ RESOLVED = frozenset(
         "skipped",
         "excluded",
         "max_runs",
+        "rejected",
     }
 )
+# Claim outcomes that resolve a tick without a trigger: the holder skipped it (overlap), or
+# the server refused its trigger (another replica's would be refused the same way).
+CLAIM_RESOLVED = frozenset({"skipped", "rejected"})
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,8 @@ class _Job:
     owner: str | None = None
     order: list[str] = field(default_factory=list)  # ranking under ``order_generation``
     order_generation: int = -1
+    problem: str = ""  # why the server refused this job's last trigger; shown in status
+    logged: str = ""  # the last tick error logged, so a retried failure is logged once
     # Set once the job has no tick left and delete_after is set: when it is to be deleted.
     delete_at: float | None = None
 
@@ -256,7 +263,7 @@ class Scheduler:
         return f"{self._digest:016x}"
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.heartbeat_interval)
             try:
                 await self._beat()
@@ -290,7 +297,7 @@ class Scheduler:
             self.clock.estimator.add(ServerTime(sent, stored, received))
 
     async def _refresh_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 self.view.replace_all(await self._members.snapshot())
                 self._view_ok = self.clock.monotonic()
@@ -300,7 +307,7 @@ class Scheduler:
             await asyncio.sleep(self.settings.membership_refresh)
 
     async def _watch_members(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async for node, record in self._members.watch():
                     self.view.update(node, record)
@@ -323,7 +330,7 @@ class Scheduler:
     # ----------------------------------------------------------------------------- jobs
 
     async def _watch_jobs(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 applied = 0
                 # The initial state read after this covers every revision up to here, even
@@ -353,7 +360,7 @@ class Scheduler:
         a whole check interval: a KV watch can fall silent after a server restart, and a
         replica would then keep firing a deleted job or miss a new one."""
         stuck_at: int | None = None
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.jobs_watch_check)
             try:
                 newest = await self._jobs_store.last_revision()
@@ -408,7 +415,30 @@ class Scheduler:
             self._counter.forget(event.name)
         if event.spec is None or event.error:
             return
+        try:
+            job = self._load_job(event, old)
+        except (HrwcronError, ArithmeticError, ValueError) as exc:
+            # A spec the rules let through but the engine cannot plan: one bad job, not a
+            # jobs watch that fails and restarts on every replica.
+            error = f"cannot be scheduled: {exc}"
+            log.warning("job %r skipped: %s", event.name, error)
+            self._observer.bad_job(event.name, error)
+            return
+        self._digest ^= job.digest
+        self.jobs[job.spec.name] = job
+        self._owned_dirty.set()
+        self._by_subject[job.subject] = job.spec.name
+        if job.due is not None:
+            if job.spec.max_runs is not None:
+                self._read_count(job)
+            self._push(job, job.due + job.jitter_ms)
+        elif not job.spec.paused:
+            self._ran_out(job)
+
+    def _load_job(self, event: JobEvent, old: _Job | None) -> _Job:
+        """The running form of a valid spec, its first due tick planned (None when paused)."""
         spec = event.spec
+        assert spec is not None
         subject = spec.trigger_subject(self.settings.subject_prefix)
         plan = spec.plan()
         job = _Job(
@@ -420,12 +450,8 @@ class Scheduler:
             revision=event.revision,
             digest=xxhash.xxh3_64_intdigest(encode(spec)),
         )
-        self._digest ^= job.digest
-        self.jobs[spec.name] = job
-        self._owned_dirty.set()
-        self._by_subject[subject] = spec.name
         if spec.paused:
-            return
+            return job
         same_schedule = (
             old is not None and old.due is not None and old.plan.identity == plan.identity
         )
@@ -442,17 +468,12 @@ class Scheduler:
                 written_ms=event.written_ms,
             )
         self._collapse(job)
-        if job.due is None:
-            self._ran_out(job)
-            return
-        if spec.max_runs is not None:
-            self._read_count(job)
-        self._push(job, job.due + job.jitter_ms)
+        return job
 
     # ------------------------------------------------------------------ trigger history
 
     async def _follow_triggers(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 seen_count = 0
                 async for item in self._triggers.follow():
@@ -595,7 +616,7 @@ class Scheduler:
             try:
                 outcome, attempt = await self._claim_and_publish(job, tick, rank, span)
             except Exception as exc:
-                log.warning("tick %s: %s: %s", tick.key, type(exc).__name__, exc)
+                self._log_error(job, tick.key, exc)
                 span.set("error", str(exc))
             span.set("outcome", outcome)
             span.set("attempt", attempt)
@@ -636,7 +657,12 @@ class Scheduler:
         self._awaiting_turn.discard(job.spec.name)
         if outcome == "started" and job.spec.max_runs is not None:
             self._mirror_count(job, published=True)
-        job.due = job.plan.next_after(due)
+        try:
+            job.due = job.plan.next_after(due)
+        except HrwcronError as exc:  # the schedule ran out of supported years
+            job.due = None
+            self._mark_bad(job, f"no next tick: {exc}")
+            return
         self._collapse(job)
         if job.due is None:
             self._ran_out(job)
@@ -791,7 +817,7 @@ class Scheduler:
         if held is None:
             return "lock_busy", 0  # expired between our create and get: try again
         record, revision = held
-        if record.outcome == "skipped":
+        if record.outcome in CLAIM_RESOLVED:
             return "already_claimed", record.attempt
         if record.instance == self.instance:
             return await self._publish_or_skip(job, tick, record, revision, span)
@@ -825,16 +851,26 @@ class Scheduler:
     ) -> tuple[str, int]:
         runs = self._runs if job.spec.overlap == "skip" and claim.attempt == 1 else None
         if runs is not None and await runs.running(job.spec.name):
-            skipped = ClaimRecord(
-                node=claim.node,
-                instance=claim.instance,
-                attempt=claim.attempt,
-                claimed_ms=claim.claimed_ms,
-                outcome="skipped",
-            )
-            await self._claims.replace(tick.claim_key, skipped, revision, self._claim_ttl(job))
+            await self._resolve_claim(job, tick, claim, revision, "skipped")
             return "skipped", claim.attempt
-        return await self._publish(job, tick, claim.attempt, span), claim.attempt
+        outcome = await self._publish(job, tick, claim.attempt, span)
+        if outcome == "rejected":
+            with contextlib.suppress(Exception):  # others then find it resolved, or retry
+                await self._resolve_claim(job, tick, claim, revision, "rejected")
+        return outcome, claim.attempt
+
+    async def _resolve_claim(
+        self, job: _Job, tick: TickId, claim: ClaimRecord, revision: int, outcome: str
+    ) -> None:
+        """Record on the claim that the tick is resolved without a trigger."""
+        resolved = ClaimRecord(
+            node=claim.node,
+            instance=claim.instance,
+            attempt=claim.attempt,
+            claimed_ms=claim.claimed_ms,
+            outcome=outcome,
+        )
+        await self._claims.replace(tick.claim_key, resolved, revision, self._claim_ttl(job))
 
     async def _publish(self, job: _Job, tick: TickId, attempt: int, span: TickSpan) -> str:
         return await self._fenced_publish(job, tick.key, tick.due_ms, "scheduled", attempt, span)
@@ -883,6 +919,10 @@ class Scheduler:
                 expected = last.seq if last else 0
                 try:
                     ack = await self._triggers.publish(job.subject, body, headers, expected)
+                except PublishRejected as exc:
+                    publish_span.set("hrwcron.rejected", str(exc))
+                    self._mark_bad(job, f"the server refused its trigger: {exc}")
+                    return "rejected"
                 except FenceConflict:
                     publish_span.set("hrwcron.fenced", True)
                     self.last.pop(job.subject, None)
@@ -893,8 +933,31 @@ class Scheduler:
             if not ack.duplicate:
                 run = int(headers.get(HEADER_RUN, 0))
                 self._remember(job.subject, LastTrigger(ack.seq, msg_id, watermark, run))
+            job.problem = job.logged = ""
             return "duplicate" if ack.duplicate else "started"
         return "lock_busy"
+
+    # ------------------------------------------------------------------- failing jobs
+
+    def _mark_bad(self, job: _Job, problem: str) -> None:
+        """A job whose ticks fail for what it is: shown in status, logged once."""
+        if problem != job.problem:
+            log.warning("job %r: %s", job.spec.name, problem)
+        job.problem = problem
+
+    def _log_error(self, job: _Job, tick_key: str, exc: Exception) -> None:
+        """A failed tick is retried every 250 ms; its error is logged once per job and
+        message, not once per retry."""
+        text = f"{type(exc).__name__}: {exc}"
+        if text != job.logged:
+            log.warning("tick %s: %s", tick_key, text)
+            job.logged = text
+        else:
+            log.debug("tick %s: %s", tick_key, text)
+
+    def problem_of(self, name: str) -> str:
+        job = self.jobs.get(name)
+        return job.problem if job is not None else ""
 
     def _trigger_body(
         self, job: _Job, msg_id: str, due_ms: int, due: str, kind: str, attempt: int
@@ -913,14 +976,17 @@ class Scheduler:
             )
         )
 
-    async def publish_unscheduled(self, name: str, msg_id: str, due_ms: int, kind: str) -> str:
+    async def publish_unscheduled(
+        self, name: str, msg_id: str, due_ms: int, kind: str, claim_key: str
+    ) -> str:
         """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
         claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
-        claimed or published before) or ``lock_busy``; raises NotFoundError for a bad name."""
+        claimed or published before), ``rejected`` (the server refused the trigger) or
+        ``lock_busy``; raises NotFoundError for a bad name. A trigger that was not published
+        gives its claim back, so the retry the caller is advised to make can take it."""
         job = self.jobs.get(name)
         if job is None:
             raise NotFoundError(f"no job named {name!r}")
-        claim_key = msg_id.replace(":", ".")
         record = ClaimRecord(
             node=self.node,
             instance=self.instance,
@@ -929,10 +995,19 @@ class Scheduler:
         )
         with self._observer.tick_span(name, msg_id, due_ms, 0) as span:
             span.set("hrwcron.kind", kind)
-            if await self._claims.create(claim_key, record, self._claim_ttl(job)) is None:
+            revision = await self._claims.create(claim_key, record, self._claim_ttl(job))
+            if revision is None:
                 span.set("outcome", "duplicate")
                 return "duplicate"
-            outcome = await self._fenced_publish(job, msg_id, due_ms, kind, 1, span)
+            outcome = "error"
+            try:
+                outcome = await self._fenced_publish(job, msg_id, due_ms, kind, 1, span)
+            finally:
+                if outcome not in ("started", "duplicate"):
+                    # Even after a timeout: if the trigger did land, its Msg-Id and the
+                    # stream check before a retry keep that retry from publishing it again.
+                    with contextlib.suppress(Exception):
+                        await self._claims.release(claim_key, revision)
             span.set("outcome", outcome)
         self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
         return outcome
@@ -971,19 +1046,25 @@ class Scheduler:
         self._refresh_candidates()
 
     async def stop(self, timeout: float | None = None) -> None:
-        """Stop claiming, let in-flight publishes finish (bounded), then leave the membership."""
+        """Stop claiming, let in-flight publishes finish, then leave the membership; all of
+        it within ``timeout`` (``shutdown_timeout``), whatever state the connection is in."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+
+        def left(most: float) -> float:
+            return max(0.05, min(most, deadline - loop.time()))
+
         self._stopping = True
         with contextlib.suppress(Exception):
             # Announce "not ready" at once, so the others stop waiting for this replica's turn.
-            await asyncio.wait_for(self._beat(), timeout=1)
+            await asyncio.wait_for(self._beat(), timeout=left(min(1.0, timeout / 4)))
         if self._acts:
-            await asyncio.wait(set(self._acts), timeout=max(0.1, timeout - 1))
-        for task in list(self._tasks) + list(self._acts):
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._acts, return_exceptions=True)
+            # Keep a second for cancelling the rest and leaving the membership.
+            await asyncio.wait(set(self._acts), timeout=left(deadline - loop.time() - 1.0))
+        await _cancel_all([*self._tasks, *self._acts], left(0.5))
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._members.deregister(self.node), timeout=1)
+            await asyncio.wait_for(self._members.deregister(self.node), timeout=left(0.5))
 
     async def _owned_loop(self) -> None:
         """Counts owned jobs after membership or job changes, in slices, so even 100,000 jobs
@@ -1037,6 +1118,21 @@ class Scheduler:
         """(name, spec, next due ms, jitter ms) for every known job."""
         for name, job in self.jobs.items():
             yield name, job.spec, job.due, job.jitter_ms
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that swallowed it (library
+    cleanup code can turn a cancellation into another error), at most ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = {task for task in tasks if not task.done()}
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(0.1, deadline - loop.time()))
+    if pending:
+        names = ", ".join(sorted(task.get_name() for task in pending))
+        log.warning("%d tasks did not stop in time: %s", len(pending), names)
 
 
 async def _wait_event(event: asyncio.Event, timeout: float, what: str) -> None:

@@ -87,11 +87,16 @@ class ReplicaStatus:
         }
         doc["jobs"] = await self._jobs(limit)
         doc["owned"] = await self._owned(limit, now)
+        # Specs this replica could not load, then loaded jobs whose triggers the server refused.
         doc["bad_jobs"] = [
             {"name": name, "error": error}
             for name, error in self.telemetry.bad_jobs.items()
             if name not in s.jobs
         ][:limit]
+        failing = sorted((name, job.problem) for name, job in s.jobs.items() if job.problem)
+        doc["bad_jobs"] += [{"name": name, "error": problem} for name, problem in failing][
+            : max(0, limit - len(doc["bad_jobs"]))
+        ]
         if timeline:
             doc["timeline"] = await self._timeline(now)
         return doc
@@ -179,6 +184,7 @@ class ReplicaStatus:
                     "next_due": format_ms(due) if due is not None else "",
                     "next_fire_ms": fire,
                     "last": self._last(name, job.subject),
+                    "problem": job.problem,
                 }
             )
             if index % _SLICE == _SLICE - 1:

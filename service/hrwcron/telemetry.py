@@ -58,6 +58,7 @@ OUTCOMES = (
     "skipped",
     "excluded",
     "max_runs",
+    "rejected",
     "error",
 )
 CONTENTION = frozenset({"lock_busy", "already_claimed"})

@@ -4,7 +4,8 @@ server's clock, late, out of order).
 
 * ``test_bounded_chaos`` (part of ``make test``, fixed seed, about a minute and a half): a script
   of every process, NATS and network fault, overlapping, with a pause longer than the
-  duplicate window among them.
+  duplicate window and a poison job (a hostile spec written between ticks) among them; no
+  replica may be lost to anything but a fault's own hand.
 * two focused clock tests (also in ``make test``): replicas skewed by +/-2 s report not ready and
   publish nothing while the others fire; wall clocks stepped 30 s either way while running
   never produce an early or duplicate trigger.
@@ -43,6 +44,7 @@ from .faults import (
     PARTITION,
     PARTITION_MODES,
     PAUSE,
+    POISON,
     ROLLING,
     STREAM,
     Schedule,
@@ -61,6 +63,7 @@ from .faults import (
     nats_free,
     partition,
     pause_replica,
+    poison_job,
     reap_faketime,
     rolling_upgrade,
     write_clock,
@@ -172,6 +175,8 @@ async def test_bounded_chaos(tmp_path: Path) -> None:
                 ("short pause", lambda: pause_replica(w, replica(), t.member_ttl + 1)),
                 ("graceful", lambda: graceful_restart(w, replica())),
                 ("NATS node", node_kill),
+                # A hostile spec written between ticks; it must not cost a single replica.
+                ("poison job", lambda: poison_job(w, rng, 6.0)),
                 ("rolling upgrade", lambda: rolling_upgrade(w)),
             ]
         )
@@ -181,9 +186,25 @@ async def test_bounded_chaos(tmp_path: Path) -> None:
         assert verdict.ok, run.explain(verdict)
         done = {f.kind for f in w.faults}
         assert done >= {PAUSE, PARTITION, NATS_LEADER, KILL, CHURN, GRACEFUL, NATS_KILL, ROLLING}
+        assert POISON in done
+        assert replicas_lost(w) == [], w.fleet.dump_logs()
         modes = {f.detail.split()[0] for f in w.faults if f.kind == PARTITION}
         assert modes == set(PARTITION_MODES)
         assert verdict.ticks > 500  # enough ticks that a lost or doubled one would show
+
+
+def replicas_lost(world: World) -> list[str]:
+    """Log lines of replicas that went down on their own (a connection closed for good, a
+    crash) rather than by a fault's hand."""
+    lost = []
+    for node in world.fleet.nodes:
+        path = world.fleet.log_dir / f"{node}.log"
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if "closed for good" in line or "Traceback" in line:
+                lost.append(f"{node}: {line}")
+    return lost
 
 
 # --- make test: clocks -------------------------------------------------------------------------
@@ -339,7 +360,7 @@ def write_report(
         "",
         f"**{len(faults)} faults injected, {verdict.ticks} ticks checked, "
         f"{len(verdict.violations)} violations; worst lateness "
-        f"{(worst or 0) / 1000:.2f} s.**",
+        f"{(worst or 0) / 1000:.2f} s; {len(replicas_lost(run.world))} replicas lost.**",
         "",
         "## Faults",
         "",
@@ -406,5 +427,6 @@ async def test_long_chaos(tmp_path: Path, chaos_seed: int, chaos_duration: float
             print((REPORTS / name).read_text())
             assert verdict.ok, run.explain(verdict)
             assert not schedule.errors, schedule.errors
+            assert replicas_lost(run.world) == []
 
     await asyncio.wait_for(scenario(), chaos_duration + 1_200)

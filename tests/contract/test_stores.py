@@ -19,7 +19,7 @@ import nats
 import pytest
 
 from harness import NatsServer, wait_for_async
-from hrwcron.errors import ConflictError, DuplicateNodeError
+from hrwcron.errors import ConflictError, DuplicateNodeError, SubjectTakenError
 from hrwcron.jetstream.counts import JetStreamCounts
 from hrwcron.jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers
 from hrwcron.jetstream.provision import Layout, provision
@@ -81,7 +81,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
             MemoryMembers(MEMBER_TTL),
             MemoryClaims(),
             MemoryTriggers(duplicate_window=DUPLICATE_WINDOW),
-            MemoryJobs(),
+            MemoryJobs("ct.trigger"),
             "ct.trigger",
             MemoryCounts(),
         )
@@ -108,7 +108,13 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
             JetStreamMembers(js, await js.key_value(layout.members_bucket), layout.members_bucket),
             JetStreamClaims(js, await js.key_value(layout.claims_bucket), layout.claims_bucket),
             JetStreamTriggers(js, layout.stream, layout.subject_prefix),
-            JetStreamJobs(js, await js.key_value(layout.jobs_bucket), layout.jobs_bucket),
+            JetStreamJobs(
+                js,
+                await js.key_value(layout.jobs_bucket),
+                layout.jobs_bucket,
+                claims_bucket=layout.claims_bucket,
+                subject_prefix=layout.subject_prefix,
+            ),
             layout.subject_prefix,
             JetStreamCounts(js, await js.key_value(layout.counts_bucket), layout.counts_bucket),
         )
@@ -497,3 +503,19 @@ async def test_job_last_revision_counts_every_write(backend: Backend) -> None:
     assert before < written == await backend.jobs.last_revision()
     await backend.jobs.delete("counted", None)
     assert await backend.jobs.last_revision() > written
+
+
+async def test_two_jobs_never_share_a_trigger_subject(backend: Backend) -> None:
+    shared = f"{backend.prefix}.shared"
+    await backend.jobs.put(spec("first", subject=shared), 0)
+    with pytest.raises(SubjectTakenError):
+        await backend.jobs.put(spec("second", subject=shared), 0)
+    await backend.jobs.put(spec("plain"), 0)
+    with pytest.raises(SubjectTakenError):  # nor another job's own subject
+        await backend.jobs.put(spec("third", subject=f"{backend.prefix}.plain"), None)
+    assert set(await backend.jobs.snapshot()) == {"first", "plain"}
+    # Once the holder moves on or is deleted, the subject is free.
+    await backend.jobs.put(spec("first", subject=f"{backend.prefix}.elsewhere"), None)
+    await backend.jobs.put(spec("second", subject=shared), 0)
+    await backend.jobs.delete("second", None)
+    await backend.jobs.put(spec("third", subject=shared), 0)

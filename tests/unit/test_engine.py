@@ -33,6 +33,7 @@ from hrwcron.ports import (
 )
 from hrwcron.schedule import field_hash
 from hrwcron.scheduler import Scheduler, Settings
+from hrwcron.ticks import manual_claim_key
 
 MEMBER_TTL = 0.8
 FAST = Settings(
@@ -135,7 +136,7 @@ class HangingClaims:
         self.hung: set[str] = set()
 
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
-        if key.rsplit(".", 1)[0] in self.hung:
+        if key.rsplit(".", 2)[0] in self.hung:  # <job>.<kind>.<value>
             await asyncio.Event().wait()
         return await self.inner.create(key, record, ttl)
 
@@ -146,6 +147,9 @@ class HangingClaims:
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
     ) -> int | None:
         return await self.inner.replace(key, record, last_revision, ttl)
+
+    async def release(self, key: str, last_revision: int) -> bool:
+        return await self.inner.release(key, last_revision)
 
 
 class GatedTriggers:
@@ -502,9 +506,10 @@ async def test_manual_trigger_does_not_fence_scheduled_ticks(cluster: Cluster) -
     # Its due lies ahead of the next scheduled ticks: were it taken as the job's watermark,
     # those ticks would look done and be fenced off.
     msg_id, due = f"{job.name}:manual:1", second_after(now_ms(), 3)
-    outcome = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual")
+    key = manual_claim_key(job.name, "1")
+    outcome = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual", key)
     assert outcome == "started"
-    again = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual")
+    again = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual", key)
     assert again == "duplicate"
     end = second_after(now_ms(), 3)
     await cluster.run_until([job], end)
@@ -518,7 +523,9 @@ async def test_manual_trigger_does_not_fence_scheduled_ticks(cluster: Cluster) -
 async def test_bad_manual_trigger_names_the_job(cluster: Cluster) -> None:
     replica = await cluster.start("a")
     with pytest.raises(Exception, match="nope"):
-        await replica.scheduler.publish_unscheduled("nope", "nope:1", 1, "manual")
+        await replica.scheduler.publish_unscheduled(
+            "nope", "nope:manual:1", 1, "manual", manual_claim_key("nope", "1")
+        )
     assert cluster.triggers.messages == []
 
 

@@ -21,7 +21,7 @@ from hrwcron.memory import MemoryClaims, MemoryCounts, MemoryJobs, MemoryMembers
 from hrwcron.model import JobSpec
 from hrwcron.ports import HEADER_KIND, HEADER_MSG_ID, HEADER_RUN, NullObserver
 from hrwcron.scheduler import Scheduler, Settings
-from hrwcron.ticks import format_ms
+from hrwcron.ticks import format_ms, manual_claim_key
 
 FAST = Settings(
     node_id="",
@@ -310,7 +310,9 @@ async def test_manual_triggers_do_not_use_up_runs_and_raising_max_runs_fires_mor
     await cluster.start_all()
     some = next(iter(cluster.replicas.values()))
     await cluster.wait_keys(job.name, 1)
-    outcome = await some.publish_unscheduled(job.name, "twice:manual:m1", int(now_ms()), "manual")
+    outcome = await some.publish_unscheduled(
+        job.name, "twice:manual:m1", int(now_ms()), "manual", manual_claim_key(job.name, "m1")
+    )
     assert outcome == "started"
     await cluster.wait_keys(job.name, 2)
     assert cluster.runs(job.name) == ["1", "1", "2"]  # the manual one carried run 1 forward

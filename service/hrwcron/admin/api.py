@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from ..model import JobSpec
+from ..model import MAX_PAYLOAD_DEPTH, JobSpec
 
 ADMIN_PREFIX = "hrwcron.admin"
 SERVICE_NAME = "hrwcron"
@@ -50,9 +50,13 @@ ERROR_CODES = {
 CALLER_ERRORS = frozenset({"bad_request", "not_found", "conflict", "too_large"})
 
 _MANUAL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-MANUAL_ID_RULE = "1-64 letters, digits, '_' or '-', not only digits"
+MANUAL_ID_RULE = "1-64 letters, digits, '_' or '-'"
 
 Limit = Annotated[int, msgspec.Meta(ge=1)]
+# A reply's size in bytes: 0 means as much as one reply can carry (the server's max_payload).
+# Lists, status and history stop a page at whichever of ``limit`` and ``max_bytes`` comes first
+# and say where the next page starts.
+MaxBytes = Annotated[int, msgspec.Meta(ge=0)]
 Revision = Annotated[int, msgspec.Meta(ge=0)]
 Instant = Annotated[datetime, msgspec.Meta(tz=True)]
 
@@ -62,9 +66,9 @@ def subject(verb: str, prefix: str = ADMIN_PREFIX) -> str:
 
 
 def manual_id_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a manual trigger id. All digits is refused because
-    ``<job>.manual.<digits>`` is also the claim key of a job named ``<job>.manual``."""
-    if not _MANUAL_ID.fullmatch(value) or value.isdigit():
+    """Why ``value`` cannot be a manual trigger id: it is one token of the tick key and of
+    the claim key (see :func:`hrwcron.ticks.claim_key`)."""
+    if not _MANUAL_ID.fullmatch(value):
         return f"{value[:80]!r} is not a valid trigger id; {MANUAL_ID_RULE}"
     return None
 
@@ -99,13 +103,15 @@ class ListJobs(_Request):
     prefix: str = ""
     after: str = ""  # page cursor: only names sorting after this one
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_LIST)] = 1_000
+    max_bytes: MaxBytes = 0
 
 
 class JobEntry(msgspec.Struct, kw_only=True):
     name: str
     revision: int
     spec: JobSpec | None = None
-    error: str = ""  # set when the stored value is not a valid job
+    # Set when the stored value is not a valid job, or too large for a reply (spec left out).
+    error: str = ""
 
 
 class JobList(msgspec.Struct, kw_only=True):
@@ -192,7 +198,9 @@ class BackfillResult(msgspec.Struct, kw_only=True):
 class StatusRequest(_Request):
     name: str = ""  # one job only
     prefix: str = ""
+    after: str = ""  # page cursor: only names sorting after this one
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATUS)] = 1_000
+    max_bytes: MaxBytes = 0
 
 
 class MemberStatus(msgspec.Struct, kw_only=True):
@@ -233,6 +241,8 @@ class JobStatus(msgspec.Struct, kw_only=True):
     state: str = "active"
     runs_done: int | None = None  # with max_runs: scheduled triggers fired so far
     runs_left: int | None = None
+    # Why the job's last tick could not be fired (e.g. the server refused its trigger).
+    problem: str = ""
 
 
 class StatusReply(msgspec.Struct, kw_only=True):
@@ -242,13 +252,16 @@ class StatusReply(msgspec.Struct, kw_only=True):
     digest: str
     members: list[MemberStatus]
     jobs: list[JobStatus]
-    total_jobs: int
-    truncated: bool
+    total_jobs: int  # jobs matching name or prefix, on every page together
+    truncated: bool  # more pages follow
+    next: str = ""  # pass as ``after`` for the next page; empty on the last page
 
 
 class HistoryRequest(_Request):
     name: str
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_HISTORY)] = 20
+    before: Annotated[int, msgspec.Meta(ge=0)] = 0  # page cursor: only older stream sequences
+    max_bytes: MaxBytes = 0
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
@@ -261,12 +274,14 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     node: str
     attempt: int
     payload: Any = None
+    omitted: str = ""  # why ``payload`` was left out (too large for a reply)
 
 
 class HistoryReply(msgspec.Struct, kw_only=True):
     name: str
     subject: str
     triggers: list[HistoryEntry]  # newest first
+    next: int = 0  # pass as ``before`` for older triggers; 0 when there are none
 
 
 REQUEST_TYPES: dict[str, type[_Request]] = {
@@ -314,3 +329,10 @@ def decode_request(data: bytes, request_type: type[R]) -> R:
         raise RequestProblem(where, message) from None
     except msgspec.DecodeError as exc:
         raise RequestProblem("", f"request body is not JSON: {exc}") from None
+    except RecursionError:
+        # Deeper than any valid request. A job's payload is the only untyped field, so the
+        # only one that can nest this far before a type check stops the decoder.
+        where = "spec.payload" if "spec" in request_type.__struct_fields__ else ""
+        raise RequestProblem(
+            where, f"nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep"
+        ) from None

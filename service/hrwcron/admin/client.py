@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from ..errors import ConflictError, HrwcronError
@@ -65,8 +65,15 @@ class AdminClient:
     ) -> R:
         where = subject(verb, self.prefix)
         wait = self.timeout if timeout is None else timeout
+        data = msgspec.json.encode(request)
         try:
-            reply = await self.client.request(where, msgspec.json.encode(request), timeout=wait)
+            reply = await self.client.request(where, data, timeout=wait)
+        except MaxPayloadError:
+            raise AdminError(
+                "too_large",
+                f"the request is {len(data)} bytes, more than the NATS server's max_payload "
+                f"({self.client.max_payload} bytes)",
+            ) from None
         except NoRespondersError:
             raise AdminError(
                 "unavailable",
@@ -85,15 +92,19 @@ class AdminClient:
 
     # ----------------------------------------------------------------------------- verbs
 
-    async def list_jobs(self, prefix: str = "", after: str = "", limit: int = 1000) -> JobList:
-        request = {"prefix": prefix, "after": after, "limit": limit}
+    async def list_jobs(
+        self, prefix: str = "", after: str = "", limit: int = 1000, *, max_bytes: int = 0
+    ) -> JobList:
+        """One page: at most ``limit`` jobs and ``max_bytes`` bytes (0: what one reply
+        carries); ``page.next`` is the ``after`` of the next page."""
+        request = {"prefix": prefix, "after": after, "limit": limit, "max_bytes": max_bytes}
         return await self.call("jobs.list", request, JobList)
 
-    async def all_jobs(self, prefix: str = "") -> list[JobEntry]:
+    async def all_jobs(self, prefix: str = "", *, max_bytes: int = 0) -> list[JobEntry]:
         found: list[JobEntry] = []
         after = ""
         while True:
-            page = await self.list_jobs(prefix, after, limit=1000)
+            page = await self.list_jobs(prefix, after, limit=1000, max_bytes=max_bytes)
             found.extend(page.jobs)
             if not page.next:
                 return found
@@ -118,9 +129,13 @@ class AdminClient:
         verb = "jobs.pause" if paused else "jobs.resume"
         return await self.call(verb, {"name": name}, PauseResult)
 
-    async def trigger(self, name: str, trigger_id: str = "") -> TriggerResult:
+    async def trigger(
+        self, name: str, trigger_id: str = "", *, timeout: float | None = None
+    ) -> TriggerResult:
+        """With ``trigger_id`` the replica first reads the job's stored triggers for it, which
+        for a job firing every second is a day of them: give it time."""
         request = {"name": name, "id": trigger_id} if trigger_id else {"name": name}
-        return await self.call("trigger", request, TriggerResult)
+        return await self.call("trigger", request, TriggerResult, timeout=timeout)
 
     async def backfill(
         self, name: str, start: str, end: str, *, dry_run: bool = False, timeout: float = 120.0
@@ -128,12 +143,74 @@ class AdminClient:
         request = {"name": name, "from": start, "to": end, "dry_run": dry_run}
         return await self.call("backfill", request, BackfillResult, timeout=timeout)
 
-    async def status(self, name: str = "", prefix: str = "", limit: int = 1000) -> StatusReply:
-        request = {"name": name, "prefix": prefix, "limit": limit}
+    async def status(
+        self,
+        name: str = "",
+        prefix: str = "",
+        limit: int = 1000,
+        *,
+        after: str = "",
+        max_bytes: int = 0,
+    ) -> StatusReply:
+        """One page of status: at most ``limit`` jobs and ``max_bytes`` bytes (0: what one
+        reply carries); ``reply.next`` is the ``after`` of the next page."""
+        request = {
+            "name": name,
+            "prefix": prefix,
+            "limit": limit,
+            "after": after,
+            "max_bytes": max_bytes,
+        }
         return await self.call("status", request, StatusReply)
 
-    async def history(self, name: str, limit: int = 20) -> HistoryReply:
-        return await self.call("history", {"name": name, "limit": limit}, HistoryReply)
+    async def status_pages(
+        self, name: str = "", prefix: str = "", limit: int = 1000, *, max_bytes: int = 0
+    ) -> AsyncIterator[StatusReply]:
+        """Every page of status in turn, each from whichever replica answers."""
+        after = ""
+        while True:
+            page = await self.status(name, prefix, limit, after=after, max_bytes=max_bytes)
+            yield page
+            if not page.next:
+                return
+            after = page.next
+
+    async def full_status(self, name: str = "", prefix: str = "") -> StatusReply:
+        """Status of every matching job, paged through: the first page's members and replica,
+        every page's jobs."""
+        first: StatusReply | None = None
+        async for page in self.status_pages(name, prefix):
+            if first is None:
+                first = page
+            else:
+                first.jobs.extend(page.jobs)
+        assert first is not None
+        first.truncated = False
+        first.next = ""
+        return first
+
+    async def history(
+        self, name: str, limit: int = 20, *, before: int = 0, max_bytes: int = 0
+    ) -> HistoryReply:
+        """The newest ``limit`` triggers of ``name`` (older than stream sequence ``before``),
+        paged through when they do not fit in one reply."""
+        reply: HistoryReply | None = None
+        while True:
+            request = {
+                "name": name,
+                "limit": limit - (len(reply.triggers) if reply else 0),
+                "before": before,
+                "max_bytes": max_bytes,
+            }
+            page = await self.call("history", request, HistoryReply)
+            if reply is None:
+                reply = page
+            else:
+                reply.triggers.extend(page.triggers)
+                reply.next = page.next
+            if not page.next or len(reply.triggers) >= limit:
+                return reply
+            before = page.next
 
 
 def _error(data: bytes, headers: dict[str, str]) -> AdminError:

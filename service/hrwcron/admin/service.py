@@ -24,11 +24,11 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 
 from .. import __version__
-from ..errors import ConflictError, InvalidInput, NotFoundError, Problem
-from ..model import JobSpec, TriggerMessage, job_name_problem
+from ..errors import ConflictError, InvalidInput, NotFoundError, Problem, SubjectTakenError
+from ..model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, job_name_problem
 from ..ports import HEADER_KIND, JobEvent, JobsPort, StoreUnavailable, TriggerRecord, TriggersPort
 from ..scheduler import Scheduler
-from ..ticks import TickId, format_ms
+from ..ticks import TickId, format_ms, manual_claim_key
 from .api import (
     ADMIN_PREFIX,
     ERROR_CODES,
@@ -76,6 +76,11 @@ SCAN_LIMIT = 200_000
 SCAN_MARGIN_MS = 60_000
 # How long a request waits for this replica's watch to deliver a job the bucket already holds.
 CATCH_UP_S = 3.0
+# Room left in every reply for the micro service's own framing.
+REPLY_RESERVE = 1024
+# An error reply says what is wrong; it never needs to be longer than this.
+MAX_ERROR_REPLY = 64 * 1024
+MAX_ERROR_TEXT = 4096
 
 
 class ApiError(Exception):
@@ -197,10 +202,11 @@ class AdminService:
                     )
             except Exception as exc:
                 error = self._error(verb, exc)
+                limit = min(MAX_ERROR_REPLY, self._client.max_payload - REPLY_RESERVE)
                 await request.respond_error(
                     ERROR_CODES[error.code],
                     error.message.replace("\r", " ").replace("\n", " ")[:512],
-                    data=msgspec.json.encode(ErrorReply(error=error.body())),
+                    data=_error_reply(error.body(), limit),
                 )
                 return
             await request.respond(reply)
@@ -211,6 +217,8 @@ class AdminService:
     def _error(verb: str, exc: Exception) -> ApiError:
         if isinstance(exc, ApiError):
             return exc
+        if isinstance(exc, SubjectTakenError):
+            return ApiError("conflict", f"spec.subject: {exc}", "spec.subject")
         if isinstance(exc, ConflictError):
             return ApiError("conflict", str(exc), "revision")
         if isinstance(exc, NotFoundError):
@@ -246,6 +254,14 @@ class AdminService:
             raise ApiError(
                 "conflict", f"job {name!r} is stored but invalid ({stored.error}): put a new spec"
             )
+        if name not in self._scheduler.jobs:
+            # Written around the API (straight into the bucket): the replicas skip it.
+            problems = self._spec_problems(stored.spec)
+            if problems:
+                found = "; ".join(map(str, problems))[:1000]
+                raise ApiError(
+                    "conflict", f"job {name!r} is stored but invalid ({found}): put a new spec"
+                )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CATCH_UP_S
         while True:
@@ -262,13 +278,26 @@ class AdminService:
 
     # ----------------------------------------------------------------------------- jobs
 
+    def _page(self, max_bytes: int, envelope: msgspec.Struct) -> _Page:
+        """A page of at most ``max_bytes`` (0: as much as one message carries)."""
+        hard = self._client.max_payload - REPLY_RESERVE
+        return _Page(min(max_bytes, hard) if max_bytes else hard, hard, envelope)
+
     async def list_jobs(self, request: ListJobs) -> JobList:
         current = await self._jobs.snapshot()
         names = sorted(n for n in current if n.startswith(request.prefix) and (n > request.after))
-        page = names[: request.limit]
-        entries = [_entry(current[n]) for n in page]
-        more = len(names) > len(page)
-        return JobList(jobs=entries, next=page[-1] if more and page else "")
+        page = self._page(request.max_bytes, JobList(jobs=[]))
+        entries: list[JobEntry] = []
+        for name in names[: request.limit]:
+            entry = _entry(current[name])
+            if not page.fits(entry, first=not entries):
+                if entries:
+                    break
+                entry = _without_spec(entry, page.size_of(entry))
+                page.fits(entry, first=True)
+            entries.append(entry)
+        more = len(names) > len(entries)
+        return JobList(jobs=entries, next=entries[-1].name if more and entries else "")
 
     async def get_job(self, request: GetJob) -> JobEntry:
         _check_name(request.name)
@@ -280,6 +309,18 @@ class AdminService:
             Problem(f"spec.{p.where}" if p.where else "spec", p.message)
             for p in spec.problems(prefix=settings.subject_prefix, max_payload=settings.max_payload)
         ]
+        if not any(p.where == "spec.payload" for p in found):
+            size = len(msgspec.json.encode(spec.payload))
+            server = self._client.max_payload
+            if size + TRIGGER_ENVELOPE > server:
+                found.append(
+                    Problem(
+                        "spec.payload",
+                        f"is {size} bytes as JSON; with its trigger's envelope "
+                        f"({TRIGGER_ENVELOPE} bytes) that is more than the NATS server's "
+                        f"max_payload ({server} bytes)",
+                    )
+                )
         if spec.max_lateness > self._duplicate_window:
             found.append(
                 Problem(
@@ -377,10 +418,24 @@ class AdminService:
         problem = manual_id_problem(manual_id)
         if problem:
             raise _bad("id", problem)
-        await self._loaded(request.name)
+        job = await self._loaded(request.name)
         due = int(self._scheduler.clock.now_ms())
         tick = f"{request.name}:manual:{manual_id}"
-        outcome = await self._scheduler.publish_unscheduled(request.name, tick, due, "manual")
+        outcome = "duplicate"
+        # A given id may have fired longer ago than its claim and the duplicate window last:
+        # the stream itself says, for as long as it keeps the job's triggers. A generated id
+        # is new by construction.
+        if not request.id or not await self._in_stream(job.subject, tick):
+            outcome = await self._scheduler.publish_unscheduled(
+                request.name, tick, due, "manual", manual_claim_key(request.name, manual_id)
+            )
+        if outcome == "rejected":
+            raise ApiError(
+                "conflict",
+                f"trigger {tick} was refused: {self._scheduler.problem_of(request.name)}; "
+                "fix the job's spec",
+                "name",
+            )
         if outcome not in ("started", "duplicate"):
             raise ApiError("unavailable", f"trigger {tick} was not published ({outcome}); retry")
         log.info("manual trigger %s: %s", tick, outcome)
@@ -391,6 +446,17 @@ class AdminService:
             due=format_ms(due),
             node=self._scheduler.node,
         )
+
+    async def _in_stream(self, trigger_subject: str, msg_id: str) -> bool:
+        stored = await self._triggers.since(trigger_subject, 0, SCAN_LIMIT)
+        if len(stored) >= SCAN_LIMIT:
+            raise ApiError(
+                "too_large",
+                f"the stream holds more than {SCAN_LIMIT} triggers of this job, too many to "
+                "check the id against; trigger without --id",
+                "id",
+            )
+        return any(record.msg_id == msg_id for record in stored)
 
     async def backfill(self, request: BackfillJob) -> BackfillResult:
         _check_name(request.name)
@@ -448,12 +514,19 @@ class AdminService:
                 result.published.append(key)
             else:
                 outcome = await self._scheduler.publish_unscheduled(
-                    request.name, key, instant, "backfill"
+                    request.name, key, instant, "backfill", TickId(request.name, instant).claim_key
                 )
                 if outcome == "started":
                     result.published.append(key)
                 elif outcome == "duplicate":
                     result.present.append(key)
+                elif outcome == "rejected":
+                    raise ApiError(
+                        "conflict",
+                        f"backfill stopped at {key}: "
+                        f"{self._scheduler.problem_of(request.name)}; fix the job's spec",
+                        "name",
+                    )
                 else:
                     raise ApiError(
                         "unavailable",
@@ -494,45 +567,54 @@ class AdminService:
             names = [request.name]
         else:
             names = sorted(n for n in scheduler.jobs if n.startswith(request.prefix))
-        page = names[: request.limit]
-        jobs: list[JobStatus] = []
-        for name in page:
-            job = scheduler.jobs[name]
-            spec = job.spec
-            order = scheduler.ranking_of(name)
-            last = scheduler.last.get(job.subject)
-            progress = scheduler.progress(name)
-            due = progress.next_due
-            jobs.append(
-                JobStatus(
-                    name=name,
-                    schedule=spec.schedule,
-                    tz=spec.tz,
-                    paused=spec.paused,
-                    tags=list(spec.tags),
-                    overlap=spec.overlap,
-                    subject=job.subject,
-                    revision=job.revision,
-                    owner=order[0] if order else None,
-                    order=order,
-                    next_due=None if due is None else format_ms(due),
-                    next_fire=None if due is None else format_ms(due + job.jitter_ms),
-                    last=LastTriggerStatus(seq=last.seq, tick=last.msg_id) if last else None,
-                    state=progress.state,
-                    runs_done=progress.runs_done,
-                    runs_left=progress.runs_left,
-                )
-            )
-        return StatusReply(
+        total = len(names)
+        names = [n for n in names if n > request.after] if request.after else names
+        reply = StatusReply(
             node=scheduler.node,
             ready=scheduler.ready,
             reason=scheduler.not_ready_reason,
             digest=scheduler.digest,
             members=members,
-            jobs=jobs,
-            total_jobs=len(names),
-            truncated=len(names) > len(page),
+            jobs=[],
+            total_jobs=total,
+            truncated=False,
         )
+        page = self._page(request.max_bytes, reply)
+        jobs: list[JobStatus] = reply.jobs
+        for name in names[: request.limit]:
+            job = scheduler.jobs.get(name)
+            if job is None:
+                continue  # removed while this request was read
+            spec = job.spec
+            order = scheduler.ranking_of(name)
+            last = scheduler.last.get(job.subject)
+            progress = scheduler.progress(name)
+            due = progress.next_due
+            status = JobStatus(
+                name=name,
+                schedule=spec.schedule,
+                tz=spec.tz,
+                paused=spec.paused,
+                tags=list(spec.tags),
+                overlap=spec.overlap,
+                subject=job.subject,
+                revision=job.revision,
+                owner=order[0] if order else None,
+                order=order,
+                next_due=None if due is None else format_ms(due),
+                next_fire=None if due is None else format_ms(due + job.jitter_ms),
+                last=LastTriggerStatus(seq=last.seq, tick=last.msg_id) if last else None,
+                problem=scheduler.problem_of(name),
+                state=progress.state,
+                runs_done=progress.runs_done,
+                runs_left=progress.runs_left,
+            )
+            if not page.fits(status, first=not jobs):
+                break
+            jobs.append(status)
+        reply.truncated = len(names) > len(jobs)
+        reply.next = jobs[-1].name if reply.truncated and jobs else ""
+        return reply
 
     async def history(self, request: HistoryRequest) -> HistoryReply:
         _check_name(request.name)
@@ -544,12 +626,28 @@ class AdminService:
             if stored.spec is None:
                 raise ApiError("conflict", f"job {request.name!r} is stored but invalid")
             trigger_subject = stored.spec.trigger_subject(self._scheduler.settings.subject_prefix)
-        records = await self._triggers.history(trigger_subject, request.limit)
-        return HistoryReply(
-            name=request.name,
-            subject=trigger_subject,
-            triggers=[_history_entry(r) for r in reversed(records)],
+        # One more than asked, to know whether older triggers are left for another page.
+        records = await self._triggers.history(
+            trigger_subject, request.limit + 1, before_seq=request.before
         )
+        newest_first = records[::-1]
+        reply = HistoryReply(name=request.name, subject=trigger_subject, triggers=[])
+        page = self._page(request.max_bytes, reply)
+        for record in newest_first[: request.limit]:
+            entry = _history_entry(record)
+            if not page.fits(entry, first=not reply.triggers):
+                if reply.triggers:
+                    break
+                entry = msgspec.structs.replace(
+                    entry,
+                    payload=None,
+                    omitted=f"the payload is {len(record.body)} bytes, more than fits in a reply",
+                )
+                page.fits(entry, first=True)
+            reply.triggers.append(entry)
+        more = len(newest_first) > len(reply.triggers)
+        reply.next = reply.triggers[-1].seq if more and reply.triggers else 0
+        return reply
 
 
 def _stale(name: str, asked: int, stored: int) -> ApiError:
@@ -567,6 +665,63 @@ def _ms(instant: Any) -> int:
 
 def _entry(event: JobEvent) -> JobEntry:
     return JobEntry(name=event.name, revision=event.revision, spec=event.spec, error=event.error)
+
+
+def _without_spec(entry: JobEntry, size: int) -> JobEntry:
+    return JobEntry(
+        name=entry.name,
+        revision=entry.revision,
+        error=f"the stored spec is {size} bytes, more than fits in a reply: {entry.error[:200]}",
+    )
+
+
+# Room for a page's cursor: a job name is at most 519 characters, a sequence 20 digits.
+CURSOR_ROOM = 600
+
+
+class _Page:
+    """Counts the bytes of a reply while entries are added to it, so a page ends before the
+    reply outgrows ``budget``. ``envelope`` is the reply without entries and cursor."""
+
+    def __init__(self, budget: int, hard: int, envelope: msgspec.Struct) -> None:
+        self.budget = budget
+        self.hard = hard
+        self.used = len(msgspec.json.encode(envelope)) + CURSOR_ROOM
+
+    @staticmethod
+    def size_of(entry: msgspec.Struct) -> int:
+        return len(msgspec.json.encode(entry)) + 1  # and its comma
+
+    def fits(self, entry: msgspec.Struct, *, first: bool = False) -> bool:
+        """Takes ``entry`` if it fits the budget. The first entry of a page only has to fit
+        one message, so a page always makes progress, even with a tiny ``max_bytes``."""
+        size = self.size_of(entry)
+        if self.used + size > (self.hard if first else self.budget):
+            return False
+        self.used += size
+        return True
+
+
+def _error_reply(body: ErrorBody, limit: int) -> bytes:
+    """The error reply, cut to ``limit`` bytes: long texts shortened, problems beyond what
+    fits dropped with a note saying how many."""
+    text = min(MAX_ERROR_TEXT, limit // 4)
+    message, field = body.message[:text], body.field[:200]
+    kept: list[ProblemBody] = []
+    base = ErrorReply(error=ErrorBody(code=body.code, message=message, field=field))
+    used = len(msgspec.json.encode(base)) + 100  # and the note on dropped problems
+    for problem in body.problems:
+        short = ProblemBody(field=problem.field[:200], message=problem.message[:text])
+        size = len(msgspec.json.encode(short)) + 1
+        if used + size > limit:
+            break
+        kept.append(short)
+        used += size
+    dropped = len(body.problems) - len(kept)
+    if dropped:
+        kept.append(ProblemBody(field="", message=f"... and {dropped} more problems"))
+    trimmed = ErrorBody(code=body.code, message=message, field=field, problems=kept)
+    return msgspec.json.encode(ErrorReply(error=trimmed))
 
 
 def _history_entry(record: TriggerRecord) -> HistoryEntry:

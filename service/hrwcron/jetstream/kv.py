@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo, DeliverPolicy
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from ..errors import ConflictError, DuplicateNodeError
-from ..model import ClaimRecord, Heartbeat, JobSpec, decode_job, encode
+from ..errors import ConflictError, DuplicateNodeError, SubjectTakenError
+from ..model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec, decode_job, encode
 from ..ports import JobEvent, MemberRecord
 
 WRONG_LAST_SEQUENCE = (10071, 10164)
@@ -41,6 +43,33 @@ async def conditional_put(
     return int(ack.seq)
 
 
+async def conditional_delete(js: JetStreamContext, bucket: str, key: str, last: int) -> bool:
+    """Place a delete marker on ``key`` only if its revision is ``last`` (0: it has none)."""
+    try:
+        await js.publish(
+            f"$KV.{bucket}.{key}",
+            b"",
+            headers={KV_OP: KV_DEL, EXPECTED_LAST_SUBJECT_SEQ: str(last)},
+        )
+    except APIError as exc:
+        if exc.err_code in WRONG_LAST_SEQUENCE:
+            return False
+        raise
+    return True
+
+
+async def last_message(js: JetStreamContext, bucket: str, key: str) -> tuple[int, bytes | None]:
+    """The revision of ``key``'s newest message, deletions included (0 when it has none), and
+    its value (None when deleted or never written)."""
+    try:
+        msg = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
+        return 0, None
+    headers = msg.headers or {}
+    deleted = headers.get(KV_OP) in (KV_DEL, KV_PURGE) or MARKER_REASON in headers
+    return int(msg.seq or 0), None if deleted else (msg.data or b"")
+
+
 async def create_only(
     js: JetStreamContext, bucket: str, key: str, value: bytes, ttl: float | None = None
 ) -> int | None:
@@ -66,15 +95,53 @@ async def _entry(kv: KeyValue, key: str) -> KeyValue.Entry | None:
         return None
 
 
-async def _snapshot(kv: KeyValue) -> list[KeyValue.Entry]:
-    watcher = await kv.watchall(ignore_deletes=True)
+def nothing_to_read(info: ConsumerInfo) -> bool:
+    """A new consumer with nothing pending and nothing delivered by the server. The client's
+    own count of delivered messages is no substitute: a message the server sent is not
+    counted until it has arrived whole, which for large ones takes a while."""
+    delivered = info.delivered.consumer_seq if info.delivered else 0
+    return (info.num_pending or 0) == 0 and not delivered
+
+
+async def _snapshot(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
+    """The newest entry of every live key, read through one ordered consumer. Not nats-py's
+    watch: it announces the end of the initial values when the server had nothing pending as
+    the watch began, even while those values are still arriving, and with large values a
+    listing came back short or empty."""
+    prefix = f"$KV.{bucket}."
+    subscription = await js.subscribe(
+        f"{prefix}>",
+        stream=f"KV_{bucket}",
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+    )
     entries: list[KeyValue.Entry] = []
     try:
-        while (entry := await watcher.updates(timeout=5)) is not None:
-            entries.append(entry)
+        if nothing_to_read(await subscription.consumer_info()):
+            return entries
+        while True:
+            msg = await subscription.next_msg(timeout=5)
+            meta = msg.metadata
+            headers = msg.headers or {}
+            operation = headers.get(KV_OP)
+            if operation not in (KV_DEL, KV_PURGE) and MARKER_REASON not in headers:
+                entries.append(
+                    KeyValue.Entry(
+                        bucket=bucket,
+                        key=msg.subject[len(prefix) :],
+                        value=msg.data,
+                        revision=int(meta.sequence.stream),
+                        delta=meta.num_pending,
+                        created=meta.timestamp,  # type: ignore[arg-type]
+                        operation=operation,
+                    )
+                )
+            if meta.num_pending == 0:
+                return entries
     finally:
-        await watcher.stop()
-    return entries
+        # On a closed connection this raises, and would replace a cancellation.
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
 
 
 async def _latest(js: JetStreamContext, bucket: str) -> list[tuple[str, bytes, int]]:
@@ -105,7 +172,8 @@ async def _watch(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
         async for entry in watcher:
             yield entry
     finally:
-        await watcher.stop()
+        with contextlib.suppress(Exception):
+            await watcher.stop()
 
 
 def _deleted(entry: KeyValue.Entry) -> bool:
@@ -215,12 +283,62 @@ class JetStreamClaims:
             self._js, self._bucket, key, encode(record), last_revision, ttl
         )
 
+    async def release(self, key: str, last_revision: int) -> bool:
+        return await conditional_delete(self._js, self._bucket, key, last_revision)
+
+
+# Subject claims live in the claims bucket under keys that no tick claim can have: a claim key
+# starts with a job name, whose tokens never hold '='.
+SUBJECT_CLAIM = "=subject."
+# Compare-and-set rounds a job write may lose to concurrent writers before it gives up.
+WRITE_ATTEMPTS = 8
+
+
+class SubjectClaim(msgspec.Struct, kw_only=True):
+    """The value of a subject claim: the job that publishes on the subject."""
+
+    job: str
+    v: int = 1
+
+
+class _Stored(msgspec.Struct, frozen=True):
+    """A job key's newest message: its revision (deletions included, 0 for none), its value
+    (None when deleted or never written) and the spec when that value is a valid one."""
+
+    revision: int
+    data: bytes | None
+    spec: JobSpec | None
+
+    @property
+    def live(self) -> bool:
+        return self.data is not None
+
 
 class JetStreamJobs:
-    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+    """Job specs in the jobs bucket. With ``claims_bucket`` every write also holds a
+    create-only claim on the job's trigger subject (key ``=subject.<subject>`` in that bucket),
+    so two jobs can never be written with one subject, whichever replicas write them.
+
+    The claim is written before the job, both compare-and-set. A claim whose job does not
+    use its subject (left by a crash between the two writes, or by a job that moved on) is
+    taken over: first the holder's key is rewritten compare-and-set, so a write of the holder
+    still in flight (it read that revision) fails instead of landing on a subject it no
+    longer holds, then the claim itself is replaced compare-and-set."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        kv: KeyValue,
+        bucket: str,
+        *,
+        claims_bucket: str | None = None,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+    ) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
+        self._claims = claims_bucket
+        self._prefix = subject_prefix
 
     @staticmethod
     def _event(entry: KeyValue.Entry) -> JobEvent:
@@ -236,13 +354,15 @@ class JetStreamJobs:
         return JobEvent(entry.key, spec, revision, written_ms=written)
 
     async def snapshot(self) -> dict[str, JobEvent]:
-        return {e.key: self._event(e) for e in await _snapshot(self._kv)}
+        return {e.key: self._event(e) for e in await _snapshot(self._js, self._bucket)}
 
     async def get(self, name: str) -> JobEvent | None:
         entry = await _entry(self._kv, name)
         return None if entry is None or _deleted(entry) else self._event(entry)
 
     async def put(self, spec: JobSpec, last_revision: int | None) -> int:
+        if self._claims is not None:
+            return await self._put_holding_subject(spec, last_revision, self._claims)
         data = encode(spec)
         if last_revision is None:
             return int(await self._kv.put(spec.name, data))
@@ -260,7 +380,90 @@ class JetStreamJobs:
             )
         return revision
 
+    async def _stored(self, name: str) -> _Stored:
+        revision, data = await last_message(self._js, self._bucket, name)
+        if data is None:
+            return _Stored(revision, None, None)
+        try:
+            return _Stored(revision, data, decode_job(data, where=name))
+        except Exception:
+            return _Stored(revision, data, None)
+
+    def _subject_of(self, stored: _Stored) -> str | None:
+        return stored.spec.trigger_subject(self._prefix) if stored.spec is not None else None
+
+    async def _put_holding_subject(
+        self, spec: JobSpec, last_revision: int | None, claims: str
+    ) -> int:
+        subject = spec.trigger_subject(self._prefix)
+        data = encode(spec)
+        for _ in range(WRITE_ATTEMPTS):
+            current = await self._stored(spec.name)
+            if last_revision == 0 and current.live:
+                raise ConflictError(f"job {spec.name!r} already exists")
+            if last_revision and current.revision != last_revision:
+                raise ConflictError(
+                    f"job {spec.name!r} changed since revision {last_revision}: read it again "
+                    "and retry"
+                )
+            if not await self._hold_subject(subject, spec.name, claims):
+                continue  # lost a race on the subject claim: look again
+            revision = await conditional_put(
+                self._js, self._bucket, spec.name, data, current.revision, None
+            )
+            if revision is None:
+                continue  # the job changed meanwhile: check the caller's revision again
+            old = self._subject_of(current)
+            if old is not None and old != subject:
+                await self._release_subject(old, spec.name, claims)
+            return revision
+        raise ConflictError(
+            f"job {spec.name!r} or its subject {subject!r} kept changing while it was written; "
+            "retry"
+        )
+
+    async def _hold_subject(self, subject: str, name: str, claims: str) -> bool:
+        """Make ``name`` the holder of ``subject``'s claim. False when a concurrent write won
+        a compare-and-set (read again); SubjectTakenError when another job uses it."""
+        key = SUBJECT_CLAIM + subject
+        revision, data = await last_message(self._js, claims, key)
+        holder = _claim_holder(data)
+        mine = encode(SubjectClaim(job=name))
+        if holder is not None and holder != name:
+            other = await self._stored(holder)
+            if self._subject_of(other) == subject:
+                raise SubjectTakenError(subject, holder)
+            # Stale. Rewriting the holder's key makes its in-flight write, if any, fail.
+            if other.data is not None:
+                rewritten = await conditional_put(
+                    self._js, self._bucket, holder, other.data, other.revision, None
+                )
+                touched = rewritten is not None
+            else:
+                touched = await conditional_delete(self._js, self._bucket, holder, other.revision)
+            if not touched:
+                return False
+        # Also when this job holds it already: a new revision makes a concurrent take-over,
+        # which read the old one, fail.
+        return await conditional_put(self._js, claims, key, mine, revision, None) is not None
+
+    async def _release_subject(self, subject: str, name: str, claims: str) -> None:
+        """Drop ``name``'s claim on a subject it no longer uses. Best effort: a claim left
+        behind is stale and taken over by the next job that asks for the subject."""
+        key = SUBJECT_CLAIM + subject
+        with contextlib.suppress(Exception):
+            revision, data = await last_message(self._js, claims, key)
+            if _claim_holder(data) == name:
+                await conditional_delete(self._js, claims, key, revision)
+
     async def delete(self, name: str, last_revision: int | None) -> None:
+        current = await self._stored(name) if self._claims is not None else None
+        await self._delete(name, last_revision)
+        subject = self._subject_of(current) if current is not None else None
+        if subject is not None and self._claims is not None:
+            await self._release_subject(subject, name, self._claims)
+
+    async def _delete(self, name: str, last_revision: int | None) -> None:
         try:
             await self._kv.delete(name, last=last_revision)
         except APIError as exc:
@@ -282,6 +485,15 @@ class JetStreamJobs:
     async def watch(self) -> AsyncIterator[JobEvent | None]:
         async for entry in _watch(self._kv):
             yield None if entry is None else self._event(entry)
+
+
+def _claim_holder(data: bytes | None) -> str | None:
+    if not data:
+        return None
+    try:
+        return msgspec.json.decode(data, type=SubjectClaim).job
+    except msgspec.MsgspecError:
+        return None  # unreadable: nobody holds it
 
 
 class JetStreamRuns:

@@ -4,14 +4,17 @@ the trigger stream (last message per subject, then live) headers-only."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 
+from ..model import MAX_SUBJECT_LENGTH
 from ..ports import (
     HEADER_MSG_ID,
     HEADER_RUN,
@@ -19,9 +22,10 @@ from ..ports import (
     FenceConflict,
     LastTrigger,
     Published,
+    PublishRejected,
     TriggerRecord,
 )
-from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE
+from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE, nothing_to_read
 
 
 def _number(headers: Mapping[str, str], name: str) -> int:
@@ -41,22 +45,67 @@ def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
     )
 
 
+def message_size(body: bytes, headers: Mapping[str, str]) -> int:
+    """Bytes a message with headers counts against max_payload: the NATS/1.0 header block
+    (``Name: value`` lines and a blank line) plus the body."""
+    block = len(b"NATS/1.0\r\n") + 2
+    block += sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return block + len(body)
+
+
+def refusal(exc: Exception) -> str | None:
+    """Why a failed publish can never succeed as it is, or None when a retry may. The stream
+    answers 400 for a message it will not store (too large for it, a bad header); 503s,
+    timeouts and lost connections are passing trouble."""
+    if isinstance(exc, MaxPayloadError):
+        return "it is larger than the server's max_payload"
+    if isinstance(exc, APIError) and exc.code in (400, 413):
+        return f"{exc.description or 'refused'} (JetStream error {exc.err_code})"
+    return None
+
+
 class JetStreamTriggers:
-    def __init__(self, js: JetStreamContext, stream: str, subject_prefix: str) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        stream: str,
+        subject_prefix: str,
+        *,
+        max_payload: Callable[[], int] | None = None,
+    ) -> None:
+        """``max_payload`` reads the connected server's limit (it may change on reconnect);
+        without it the size of a trigger is left to the server."""
         self._js = js
         self._stream = stream
         self._prefix = subject_prefix
+        self._max_payload = max_payload
 
     async def publish(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
     ) -> Published:
         sent = dict(headers)
         sent[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_seq)
+        # nats-server closes the whole connection over an oversized message or control line,
+        # and nats-py never reconnects after that: refuse such a trigger here instead.
+        limit = self._max_payload() if self._max_payload is not None else 0
+        size = message_size(body, sent)
+        if limit and size > limit:
+            raise PublishRejected(
+                f"the trigger is {size} bytes with its headers, more than the server's "
+                f"max_payload ({limit} bytes)"
+            )
+        if len(subject) > MAX_SUBJECT_LENGTH:
+            raise PublishRejected(
+                f"its subject is {len(subject)} characters, more than {MAX_SUBJECT_LENGTH}"
+            )
         try:
             ack = await self._js.publish(subject, body, stream=self._stream, headers=sent)
-        except APIError as exc:
-            if exc.err_code in WRONG_LAST_SEQUENCE:
+        except (APIError, MaxPayloadError) as exc:
+            if isinstance(exc, APIError) and exc.err_code in WRONG_LAST_SEQUENCE:
                 raise FenceConflict(str(exc)) from None
+            why = refusal(exc)
+            if why is not None:
+                raise PublishRejected(why) from None
             raise
         return Published(int(ack.seq), bool(ack.duplicate))
 
@@ -84,7 +133,7 @@ class JetStreamTriggers:
         )
         try:
             info = await subscription.consumer_info()
-            loaded = (info.num_pending or 0) == 0 and subscription.delivered == 0
+            loaded = nothing_to_read(info)
             if loaded:
                 yield None
             while True:
@@ -95,9 +144,11 @@ class JetStreamTriggers:
                     loaded = True
                     yield None
         finally:
-            await subscription.unsubscribe()
+            # On a closed connection this raises, and would replace a cancellation.
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
 
-    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
+    async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
         """Reads backwards in growing windows of stream sequences: the stream interleaves every
         job, so how far back ``limit`` messages of one subject lie is only known by looking."""
         if limit <= 0:
@@ -107,8 +158,12 @@ class JetStreamTriggers:
         except NotFoundError:
             return []
         last_seq = int(newest.seq or 0)
+        if before_seq:
+            last_seq = min(last_seq, before_seq - 1)
         info = await self._js.stream_info(self._stream)
         first_seq = int(info.state.first_seq or 1)
+        if last_seq < first_seq:
+            return []
         window = max(64, 4 * limit)
         while True:
             start = max(first_seq, last_seq - window + 1)
@@ -116,6 +171,8 @@ class JetStreamTriggers:
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
             )
             found = await self._read(subject, config, last_seq, limit=None)
+            # The read stops at the first message at or past last_seq, which may be past it.
+            found = [record for record in found if record.seq <= last_seq]
             if len(found) >= limit or start <= first_seq:
                 return found[-limit:]
             window *= 8
@@ -138,7 +195,7 @@ class JetStreamTriggers:
         found: list[TriggerRecord] = []
         try:
             info = await subscription.consumer_info()
-            if (info.num_pending or 0) == 0 and subscription.delivered == 0:
+            if nothing_to_read(info):
                 return found
             while limit is None or len(found) < limit:
                 msg = await subscription.next_msg(timeout=5)
@@ -154,5 +211,6 @@ class JetStreamTriggers:
                 if (until_seq is not None and seq >= until_seq) or meta.num_pending == 0:
                     break
         finally:
-            await subscription.unsubscribe()
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
         return found
