@@ -274,6 +274,7 @@ async def test_provision_with_scheduler_role(
         "bucket hrwcron_claims",
         "bucket hrwcron_jobs",
         "bucket hrwcron_runs",
+        "bucket hrwcron_processed",
         f"stream {STREAM}",
     ]
     assert all("replicas 3" in line for line in lines), lines
