@@ -275,6 +275,7 @@ async def test_provision_with_scheduler_role(
         "bucket hrwcron_jobs",
         "bucket hrwcron_runs",
         "bucket hrwcron_counts",
+        "bucket hrwcron_processed",
         f"stream {STREAM}",
     ]
     assert all("replicas 3" in line for line in lines), lines

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import nats
-from nats.js.api import StreamConfig
+from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
 from harness import NatsServer, free_ports
 
@@ -18,14 +18,17 @@ RESOURCES = [
     "bucket hrwcron_jobs",
     "bucket hrwcron_runs",
     "bucket hrwcron_counts",
+    "bucket hrwcron_processed",
     "stream HRWCRON_TRIGGERS",
 ]
 
 
-def provision(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def provision(
+    url: str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hrwcron", "provision", *extra],
-        env={"PATH": "/usr/bin:/bin", "HRWCRON_NATS_URL": url},
+        env={"PATH": "/usr/bin:/bin", "HRWCRON_NATS_URL": url, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
@@ -40,6 +43,8 @@ async def test_creates_then_verifies(nats_server: NatsServer) -> None:
     assert all(": created (" in line for line in lines), lines
     assert "subjects hrwcron.trigger.>" in lines[-1]
     assert "duplicate window 10m" in lines[-1]
+    # The worker SDK's idempotency bucket keeps a record as long as the stream keeps a trigger.
+    assert lines[-2].endswith("(file storage, replicas 1, max age 24h)"), lines[-2]
 
     again = await asyncio.to_thread(provision, nats_server.url)
     assert again.returncode == 0, again.stderr
@@ -58,6 +63,27 @@ async def test_a_contradicting_stream_is_reported_and_left_alone(nats_server: Na
         assert "hrwcron.trigger.>" in done.stderr
         info = await js.stream_info("HRWCRON_TRIGGERS")
         assert info.config.subjects == ["elsewhere.>"]
+    finally:
+        await nc.close()
+
+
+async def test_a_worker_bucket_unlike_the_layout_is_reported_and_left_alone(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        # As a worker given processed_storage="memory" would have created it.
+        await js.create_key_value(
+            config=KeyValueConfig(bucket="hrwcron_processed", storage=StorageType.MEMORY)
+        )
+        done = await asyncio.to_thread(provision, nats_server.url)
+        assert done.returncode == 1
+        assert done.stdout == ""
+        assert "bucket hrwcron_processed has memory storage" in done.stderr
+        assert "file" in done.stderr and "scheduler.storage" in done.stderr
+        info = await js.stream_info("KV_hrwcron_processed")
+        assert info.config.storage == StorageType.MEMORY
     finally:
         await nc.close()
 
