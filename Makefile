@@ -29,13 +29,15 @@ fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench
 	$(BIN)/ruff check --fix service tests bench
 
-# Debian packages some tests use (libfaketime for clock skew, chromium for the status page).
+# Debian packages some tests use (libfaketime for clock skew, chromium for the status page,
+# fuse3 for the power-loss filesystem of the chaos suite).
 # Best effort: without root or apt the tests that need them skip with a reason.
 system-deps:
 	-@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  missing=""; \
 	  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || missing="$$missing libfaketime"; \
 	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	  ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so' || missing="$$missing fuse3"; \
 	  if [ -n "$$missing" ]; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null 2>&1 \
 	      || echo "note: could not install$$missing; tests that need them will skip"; \

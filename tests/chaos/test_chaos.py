@@ -29,6 +29,7 @@ from nats.errors import Error as NatsError
 
 from harness import NatsCluster, NatsServer, wait_for_async
 from harness.chaos import ReplicaFleet, now_ms
+from harness.power import PowerCluster
 from hrwcron.app import Stores, open_stores
 from hrwcron.model import Heartbeat, JobSpec
 
@@ -101,7 +102,8 @@ class Run:
         return self.stores.client
 
     async def verdict(self, end_ms: float) -> Verdict:
-        return await check_stream(self.client, self.jobs, (self.start_ms, end_ms))
+        window = (self.start_ms, end_ms)
+        return await check_stream(self.client, self.jobs, window, acks=self.world.acks())
 
     def explain(self, verdict: Verdict) -> str:
         faults = "\n".join(
@@ -111,10 +113,19 @@ class Run:
 
 
 @contextlib.asynccontextmanager
-async def chaos_world(tmp_path: Path, timings: Timings, *, faketime: bool) -> AsyncIterator[Run]:
-    cluster = NatsCluster(3, base_dir=tmp_path / "cluster", no_advertise=True)
+async def chaos_world(
+    tmp_path: Path, timings: Timings, *, faketime: bool, power_sync: str | None = None
+) -> AsyncIterator[Run]:
+    """With ``power_sync`` (``always``, ``default``), every NATS node's store is on a powerfs
+    mount with that sync_interval, and the replicas keep an ack journal."""
+    cluster: NatsCluster
+    if power_sync is None:
+        cluster = NatsCluster(3, base_dir=tmp_path / "cluster", no_advertise=True)
+    else:
+        cluster = PowerCluster(3, sync=power_sync, base_dir=tmp_path / "cluster", no_advertise=True)
     await asyncio.to_thread(cluster.start)
-    world = World(cluster, tmp_path / "world", timings, faketime=faketime)
+    journal = power_sync is not None
+    world = World(cluster, tmp_path / "world", timings, faketime=faketime, ack_journal=journal)
     stores: Stores | None = None
     try:
         stores = await open_stores(world.fleet.config())  # R3 buckets and stream, as replicas
