@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SEED ?= 1
 DURATION ?= 1200
+# nats-server sync_interval in the chaos runs' power-loss faults: always (shipped) or default.
+SYNC ?= always
 
 .PHONY: run test lint fmt bench bench-full chaos clean venv system-deps
 
@@ -54,7 +56,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench --full
 
 chaos: $(STAMP) system-deps
-	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) tests/chaos
+	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) --chaos-sync=$(SYNC) tests/chaos
 
 clean:
 	rm -rf $(VENV) build *.egg-info service/*.egg-info

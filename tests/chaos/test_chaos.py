@@ -29,7 +29,7 @@ from nats.errors import Error as NatsError
 
 from harness import NatsCluster, NatsServer, wait_for_async
 from harness.chaos import ReplicaFleet, now_ms
-from harness.power import PowerCluster
+from harness.power import SYNC_ALWAYS, PowerCluster, fuse_unavailable
 from hrwcron.app import Stores, open_stores
 from hrwcron.model import Heartbeat, JobSpec
 
@@ -66,6 +66,7 @@ from .faults import (
     rolling_upgrade,
     write_clock,
 )
+from .power import POWER_KINDS, make_power_fault
 
 BOUNDED_SEED = 7
 # The duplicate window cannot go below 60 s (a replica refuses a stream whose window is shorter
@@ -331,6 +332,7 @@ def write_report(
     verdict: Verdict,
     elapsed: float,
     errors: list[BaseException],
+    power: list[str] | None = None,
 ) -> None:
     faults = run.world.faults
     failovers = failover_times(verdict.triggers, run.jobs, leave_events(faults))
@@ -373,6 +375,7 @@ def write_report(
         "",
         failover_table(quiet),
         "",
+        *(power or []),
         "## Replica starts retried",
         "",
         f"{len(restarts)} (re)starts exited before the replica joined and were started again, "
@@ -393,18 +396,27 @@ def write_report(
 @pytest.mark.chaos
 @pytest.mark.cluster
 @pytest.mark.timeout(0)  # bounded below by the requested duration instead
-async def test_long_chaos(tmp_path: Path, chaos_seed: int, chaos_duration: float) -> None:
+async def test_long_chaos(
+    tmp_path: Path, chaos_seed: int, chaos_duration: float, chaos_sync: str
+) -> None:
     rng = random.Random(chaos_seed)
     began = now_ms()
+    # Power faults need FUSE; without it the run goes on with every other fault and says so.
+    no_power = fuse_unavailable()
+    power_sync = None if no_power else chaos_sync
+    kinds = ALL_KINDS if no_power else (*ALL_KINDS, *POWER_KINDS)
+    makers = {} if no_power else dict.fromkeys(POWER_KINDS, make_power_fault)
 
     async def scenario() -> None:
-        async with chaos_world(tmp_path, LONG, faketime=True) as run:
-            schedule = Schedule(run.world, rng, ALL_KINDS, max_active=4, gap_s=(0.3, 3.0))
+        async with chaos_world(tmp_path, LONG, faketime=True, power_sync=power_sync) as run:
+            schedule = Schedule(run.world, rng, kinds, max_active=4, gap_s=(0.3, 3.0))
+            schedule.makers = makers
             await schedule.tour()  # every kind at least once, whatever the duration
             await schedule.run_for(chaos_duration - (now_ms() - run.start_ms) / 1000)
             await schedule.finish(raise_errors=False)
             verdict = await run.verdict(now_ms() - 1_000)
-            name = f"chaos-seed{chaos_seed}-{chaos_duration:g}s.md"
+            suffix = "" if chaos_sync == SYNC_ALWAYS else f"-sync-{chaos_sync}"
+            name = f"chaos-seed{chaos_seed}-{chaos_duration:g}s{suffix}.md"
             write_report(
                 REPORTS / name,
                 seed=chaos_seed,
@@ -413,9 +425,30 @@ async def test_long_chaos(tmp_path: Path, chaos_seed: int, chaos_duration: float
                 verdict=verdict,
                 elapsed=(now_ms() - began) / 1000,
                 errors=schedule.errors,
+                power=power_report(run.world, chaos_sync, no_power),
             )
             print((REPORTS / name).read_text())
             assert verdict.ok, run.explain(verdict)
             assert not schedule.errors, schedule.errors
 
     await asyncio.wait_for(scenario(), chaos_duration + 1_200)
+
+
+def power_report(world: World, sync: str, unavailable: str | None) -> list[str]:
+    """The report's section on power faults: the setting, the cuts and the acks checked."""
+    if unavailable is not None:
+        return ["## Power loss", "", f"No power faults in this run: {unavailable}.", ""]
+    cluster = world.cluster
+    assert isinstance(cluster, PowerCluster)
+    dropped = sum(c.bytes for c in cluster.cuts)
+    acks = world.acks()
+    return [
+        "## Power loss",
+        "",
+        f"nats-server `sync_interval`: **{sync}**. {len(cluster.cuts)} node power cuts "
+        f"dropped {dropped / 1024:.0f} KiB of unsynced writes in all. "
+        f"{len({a.msg_id for a in acks})} triggers acknowledged to the replicas "
+        f"({len(acks)} PubAcks) were held to their stream sequence (check `ack_lost`). "
+        f"To replay, add `SYNC={sync}` to the command above.",
+        "",
+    ]
