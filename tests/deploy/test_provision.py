@@ -21,10 +21,12 @@ RESOURCES = [
 ]
 
 
-def provision(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def provision(
+    url: str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hrwcron", "provision", *extra],
-        env={"PATH": "/usr/bin:/bin", "HRWCRON_NATS_URL": url},
+        env={"PATH": "/usr/bin:/bin", "HRWCRON_NATS_URL": url, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
@@ -39,6 +41,18 @@ async def test_creates_then_verifies(nats_server: NatsServer) -> None:
     assert all(": created (" in line for line in lines), lines
     assert "subjects hrwcron.trigger.>" in lines[-1]
     assert "duplicate window 10m" in lines[-1]
+    # Claims in memory (Msg-Id and fencing stop duplicates), jobs and triggers on disk.
+    storage = {
+        line.split(":")[0]: line.split(" storage")[0].rsplit(" ", 1)[-1].lstrip("(")
+        for line in lines
+    }
+    assert storage == {
+        "bucket hrwcron_members": "memory",
+        "bucket hrwcron_claims": "memory",
+        "bucket hrwcron_jobs": "file",
+        "bucket hrwcron_runs": "memory",
+        "stream HRWCRON_TRIGGERS": "file",
+    }
 
     again = await asyncio.to_thread(provision, nats_server.url)
     assert again.returncode == 0, again.stderr
@@ -59,6 +73,13 @@ async def test_a_contradicting_stream_is_reported_and_left_alone(nats_server: Na
         assert info.config.subjects == ["elsewhere.>"]
     finally:
         await nc.close()
+
+
+async def test_claims_on_disk_when_configured(nats_server: NatsServer) -> None:
+    env = {"HRWCRON_SCHEDULER_CLAIMS_STORAGE": "file"}
+    done = await asyncio.to_thread(lambda: provision(nats_server.url, env=env))
+    assert done.returncode == 0, done.stderr
+    assert "bucket hrwcron_claims: created (file storage" in done.stdout
 
 
 def test_an_unreachable_server_fails_within_the_timeout() -> None:

@@ -37,10 +37,20 @@ class Layout:
     stream_max_age: float = 86_400.0
     replicas: int = 1
     storage: str = "file"
+    claims_storage: str = "memory"
 
     @property
     def storage_type(self) -> StorageType:
         return StorageType.MEMORY if self.storage == "memory" else StorageType.FILE
+
+    @property
+    def claims_storage_type(self) -> StorageType:
+        """Memory unless both settings say file: a claim lost with a server's memory can only
+        make a second replica claim the tick again, and its publish then meets the stream's
+        Msg-Id deduplication and subject-sequence fencing."""
+        if self.storage == "memory" or self.claims_storage == "memory":
+            return StorageType.MEMORY
+        return StorageType.FILE
 
 
 async def provision(js: JetStreamContext, layout: Layout, longest_lateness: float = 60.0) -> None:
@@ -55,7 +65,7 @@ async def provision(js: JetStreamContext, layout: Layout, longest_lateness: floa
         ttl=layout.member_ttl,
         problems=problems,
     )
-    await _bucket(js, layout, layout.claims_bucket, layout.storage_type, 1, None, problems)
+    await _bucket(js, layout, layout.claims_bucket, layout.claims_storage_type, 1, None, problems)
     await _bucket(js, layout, layout.jobs_bucket, layout.storage_type, 5, None, problems)
     await _bucket(
         js, layout, layout.runs_bucket, StorageType.MEMORY, 1, layout.run_marker_ttl, problems
