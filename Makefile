@@ -7,6 +7,8 @@ SEED ?= 1
 DURATION ?= 1200
 # nats-server sync_interval in the chaos runs' power-loss faults: always (shipped) or default.
 SYNC ?= always
+# Seconds of work before the first fault (130: past nats-server's default two-minute flush).
+WARMUP ?= 0
 
 .PHONY: run test lint fmt bench bench-full chaos clean venv system-deps
 
@@ -56,7 +58,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench --full
 
 chaos: $(STAMP) system-deps
-	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) --chaos-sync=$(SYNC) tests/chaos
+	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) --chaos-sync=$(SYNC) --chaos-warmup=$(WARMUP) tests/chaos
 
 clean:
 	rm -rf $(VENV) build *.egg-info service/*.egg-info

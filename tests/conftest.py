@@ -49,6 +49,11 @@ def chaos_duration(request: pytest.FixtureRequest) -> float:
 
 
 @pytest.fixture
+def chaos_warmup(request: pytest.FixtureRequest) -> float:
+    return float(request.config.getoption("--chaos-warmup"))
+
+
+@pytest.fixture
 def chaos_sync(request: pytest.FixtureRequest) -> str:
     return str(request.config.getoption("--chaos-sync"))
 

@@ -333,6 +333,7 @@ def write_report(
     elapsed: float,
     errors: list[BaseException],
     power: list[str] | None = None,
+    replay: str = "",
 ) -> None:
     faults = run.world.faults
     failovers = failover_times(verdict.triggers, run.jobs, leave_events(faults))
@@ -348,7 +349,8 @@ def write_report(
         f"{len(run.jobs)} jobs (10 every second, 3 six-field cron every 2 s, 2 every 3 s with "
         f"jitter), max_lateness {LONG.max_lateness:g} s, duplicate_window "
         f"{LONG.duplicate_window:g} s, member_ttl {LONG.member_ttl:g} s, claim_lease "
-        f"{LONG.claim_lease:g} s. Replay with `make chaos SEED={seed} DURATION={duration:g}`.",
+        f"{LONG.claim_lease:g} s. Replay with "
+        f"`make chaos SEED={seed} DURATION={duration:g}{replay}`.",
         "",
         f"**{len(faults)} faults injected, {verdict.ticks} ticks checked, "
         f"{len(verdict.violations)} violations; worst lateness "
@@ -397,7 +399,7 @@ def write_report(
 @pytest.mark.cluster
 @pytest.mark.timeout(0)  # bounded below by the requested duration instead
 async def test_long_chaos(
-    tmp_path: Path, chaos_seed: int, chaos_duration: float, chaos_sync: str
+    tmp_path: Path, chaos_seed: int, chaos_duration: float, chaos_sync: str, chaos_warmup: float
 ) -> None:
     rng = random.Random(chaos_seed)
     began = now_ms()
@@ -411,11 +413,18 @@ async def test_long_chaos(
         async with chaos_world(tmp_path, LONG, faketime=True, power_sync=power_sync) as run:
             schedule = Schedule(run.world, rng, kinds, max_active=4, gap_s=(0.3, 3.0))
             schedule.makers = makers
+            if chaos_warmup > 0:
+                await hold(chaos_warmup, "work before the first fault")
             await schedule.tour()  # every kind at least once, whatever the duration
-            await schedule.run_for(chaos_duration - (now_ms() - run.start_ms) / 1000)
+            left = chaos_duration + chaos_warmup - (now_ms() - run.start_ms) / 1000
+            await schedule.run_for(left)
             await schedule.finish(raise_errors=False)
             verdict = await run.verdict(now_ms() - 1_000)
             suffix = "" if chaos_sync == SYNC_ALWAYS else f"-sync-{chaos_sync}"
+            suffix += f"-warmup{chaos_warmup:g}s" if chaos_warmup else ""
+            replay = ("" if chaos_sync == SYNC_ALWAYS else f" SYNC={chaos_sync}") + (
+                f" WARMUP={chaos_warmup:g}" if chaos_warmup else ""
+            )
             name = f"chaos-seed{chaos_seed}-{chaos_duration:g}s{suffix}.md"
             write_report(
                 REPORTS / name,
@@ -426,12 +435,13 @@ async def test_long_chaos(
                 elapsed=(now_ms() - began) / 1000,
                 errors=schedule.errors,
                 power=power_report(run.world, chaos_sync, no_power),
+                replay=replay,
             )
             print((REPORTS / name).read_text())
             assert verdict.ok, run.explain(verdict)
             assert not schedule.errors, schedule.errors
 
-    await asyncio.wait_for(scenario(), chaos_duration + 1_200)
+    await asyncio.wait_for(scenario(), chaos_warmup + chaos_duration + 1_200)
 
 
 def power_report(world: World, sync: str, unavailable: str | None) -> list[str]:
@@ -449,6 +459,6 @@ def power_report(world: World, sync: str, unavailable: str | None) -> list[str]:
         f"dropped {dropped / 1024:.0f} KiB of unsynced writes in all. "
         f"{len({a.msg_id for a in acks})} triggers acknowledged to the replicas "
         f"({len(acks)} PubAcks) were held to their stream sequence (check `ack_lost`). "
-        f"To replay, add `SYNC={sync}` to the command above.",
+        "The replay command above names the warm-up before the first fault, if there was one.",
         "",
     ]
