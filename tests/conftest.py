@@ -36,6 +36,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="nats-server sync_interval for the long chaos runs' power-loss faults: always (as "
         "shipped), default (the server's own, every 2 minutes) or a duration such as 10s",
     )
+    group.addoption(
+        "--chaos-warmup",
+        type=float,
+        default=0.0,
+        help="seconds the long chaos runs let the replicas work before the first fault (130 "
+        "lets nats-server's default two-minute flush pass before the first power cut)",
+    )
 
 
 @pytest.fixture
