@@ -25,7 +25,17 @@ from typing import Any
 from harness import wait_for_async
 from harness.power import Cut, PowerCluster
 
-from .faults import STREAM, Fault, Unavailable, World, _run, hold, nats_free, streams_current
+from .faults import (
+    CLAIMS_STREAM,
+    STREAM,
+    Fault,
+    Unavailable,
+    World,
+    _run,
+    hold,
+    nats_free,
+    streams_current,
+)
 
 POWER_ONE = "power loss, one NATS node"
 POWER_MINORITY = "power loss, minority + paused leader"
@@ -79,13 +89,19 @@ async def power_cut_one(world: World, j: int, down_s: float) -> Fault:
 
 
 async def power_cut_minority(
-    world: World, down_s: float, pause_s: float, stream: str = STREAM
+    world: World,
+    down_s: float,
+    pause_s: float,
+    stream: str = STREAM,
+    rng: random.Random | None = None,
 ) -> Fault:
-    """A follower of ``stream`` loses power while its leader is paused; the follower boots
-    after ``down_s`` and the leader wakes ``pause_s`` after the cut (later than the boot)."""
+    """A follower of ``stream`` (drawn by ``rng``, else the first) loses power while its
+    leader is paused; the follower boots after ``down_s`` and the leader wakes ``pause_s``
+    after the cut (later than the boot)."""
     cluster = _cluster(world)
     leader = await _run(cluster.wait_stream_leader, stream)
-    follower = next(i for i in range(cluster.size) if i != leader)
+    followers = [i for i in range(cluster.size) if i != leader]
+    follower = rng.choice(followers) if rng is not None else followers[0]
     names = f"{cluster.names[follower]}+{cluster.names[leader]}"
     detail = f"{stream}: off {down_s:.1f} s, leader paused {pause_s:.1f} s"
     async with world.holding(POWER_MINORITY, names, detail) as fault:
@@ -124,7 +140,8 @@ def make_power_fault(world: World, rng: random.Random, kind: str) -> Any:
         return power_cut_one(world, rng.randrange(world.cluster.size), rng.uniform(1.0, 8.0))
     if kind == POWER_MINORITY:
         down = rng.uniform(0.5, 2.0)
-        return power_cut_minority(world, down, down + rng.uniform(2.0, 5.0))
+        stream = rng.choice([STREAM, CLAIMS_STREAM])
+        return power_cut_minority(world, down, down + rng.uniform(2.0, 5.0), stream, rng)
     if kind == POWER_ALL:
         return power_cut_all(world, rng.uniform(0.5, 2.0))
     raise Unavailable(f"not a power fault: {kind!r}")

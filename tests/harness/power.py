@@ -7,6 +7,7 @@ root and no ``fusermount3``), so tests skip with that reason instead of failing.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -59,6 +60,18 @@ def fuse_unavailable() -> str | None:
     return None
 
 
+_OPEN: set[PowerMount] = set()
+
+
+@atexit.register
+def _unmount_leftovers() -> None:
+    # Runs before the harness's own hook SIGKILLs leftover children (atexit is last in, first
+    # out): a FUSE daemon killed outright leaves a dead mount that nothing can delete.
+    for mount in list(_OPEN):
+        with contextlib.suppress(Exception):
+            mount.close()
+
+
 @dataclass(frozen=True)
 class Cut:
     """What one power cut dropped on one node."""
@@ -99,6 +112,7 @@ class PowerMount:
                 start_new_session=True,
             )
         register_child(self._proc)
+        _OPEN.add(self)
 
         def mounted() -> bool:
             if self._proc is not None and self._proc.poll() is not None:
@@ -159,6 +173,7 @@ class PowerMount:
             subprocess.run(["umount", "-l", str(self.mountpoint)], check=False)
         with contextlib.suppress(FileNotFoundError):
             self.control.unlink()
+        _OPEN.discard(self)
 
 
 class PowerCluster(NatsCluster):

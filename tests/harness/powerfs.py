@@ -5,23 +5,28 @@ Run as a script (the test harness does, one process per mount)::
 
     python powerfs.py BACKING MOUNTPOINT CONTROL_SOCKET
 
-What it models, and what it does not:
+What it models, and what it does not (ext4's defaults, ``data=ordered,auto_da_alloc``, as a
+rule of thumb):
 
 * **File contents and sizes are volatile.** ``write`` and ``truncate`` (``O_TRUNC`` included)
   go to an in-memory overlay of 4 KiB pages per file; reads see the overlay first, as reads see
   the page cache. ``fsync``/``fdatasync`` of a file, and every write through a descriptor opened
   with ``O_SYNC`` or ``O_DSYNC``, write that file's overlay to the backing file. ``close`` does
-  not: closing never made data durable.
+  not, with ext4's two exceptions (``auto_da_alloc``): a file renamed over an existing one is
+  flushed before the rename, and a file truncated to nothing and rewritten is flushed when its
+  last descriptor closes.
 * **Directory operations are durable at once**: create, mkdir, rename, unlink and rmdir are
   applied to the backing directory when they happen, like a filesystem that journals metadata
-  in order (ext4's default comes close). A file created and never fsynced survives a cut with
-  the size it had at its last fsync (empty if none): the familiar zero-length file. A file
-  renamed before its data was synced keeps its unsynced data in the overlay under the new name.
+  in order. A file created and never fsynced survives a cut with the size it had at its last
+  fsync (empty if none): the familiar zero-length file. A file renamed before its data was
+  synced (and not over another file) keeps its unsynced data in the overlay under the new name.
 * **A power cut** (the ``cut`` command on the control socket) discards every overlay at once.
   The harness SIGKILLs the server first, so nothing can write between the crash and the cut.
 * The kernel caches nothing (``direct_io``, zero attribute and entry timeouts), so after a cut
   a reader sees exactly the backing files. The backing files themselves are never fsynced: the
   machine running the tests does not lose power, only the modelled one does.
+* Not modelled: torn or reordered writes inside a flush, a disk that acknowledges a flush it
+  has not done, and losing directory entries that were never fsynced (stricter than ext4).
 
 Control protocol: one line per request on a Unix socket, one line back. ``ping`` -> ``pong``;
 ``stats`` -> ``dirty_files=N dirty_bytes=B``; ``cut`` -> ``dropped_files=N dropped_bytes=B``.
@@ -47,12 +52,14 @@ class Overlay:
     fsync. ``valid`` is how much of the backing file is still the file's content (a truncate
     since the last fsync cuts it short; what lies beyond reads as zeros)."""
 
-    __slots__ = ("pages", "size", "valid")
+    __slots__ = ("pages", "replaced", "size", "valid")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.valid = size
         self.pages: dict[int, bytearray] = {}
+        # Truncated to nothing since the last fsync: a rewrite ext4 flushes on close.
+        self.replaced = False
 
     @property
     def dirty_bytes(self) -> int:
@@ -145,8 +152,18 @@ class VolatileStore:
             page = overlay.pages.get(index)
             if page is not None:
                 page[within:] = bytes(PAGE - within)
+            if length == 0 and overlay.size > 0:
+                overlay.replaced = True
             overlay.valid = min(overlay.valid, length)
             overlay.size = length
+
+    def closed(self, path: str) -> None:
+        """The last descriptor of ``path`` closed: a file rewritten from nothing is flushed
+        now, as ext4's ``auto_da_alloc`` does for the truncate-and-rewrite pattern."""
+        with self.lock:
+            overlay = self.overlays.get(path)
+            if overlay is not None and overlay.replaced:
+                self.sync(path)
 
     def sync(self, path: str) -> None:
         """Write ``path``'s overlay to the backing file: what fsync promises."""
@@ -290,6 +307,10 @@ def _operations(store: VolatileStore) -> Any:
 
         def rename(self, old: str, new: str) -> int:
             with store.lock:
+                if os.path.isfile(store.backing(new)):
+                    # Replacing a file by rename flushes the new one's data first, as ext4's
+                    # auto_da_alloc does, so the name never points at data that was not written.
+                    store.sync(old)
                 os.rename(store.backing(old), store.backing(new))
                 store.renamed(old, new)
             return 0
@@ -342,6 +363,7 @@ def _operations(store: VolatileStore) -> Any:
         def release(self, path: str, fh: int) -> int:
             with store.lock:
                 self.handles.pop(fh, None)
+                store.closed(path)
             return 0
 
     return PowerFS()

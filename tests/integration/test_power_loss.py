@@ -70,16 +70,35 @@ def test_writes_through_o_sync_and_fdatasync_are_durable(mount: PowerMount) -> N
     assert (mount.mountpoint / "data").read_bytes() == b"yyyyy"
 
 
-def test_an_unsynced_truncate_and_rewrite_is_undone(mount: PowerMount) -> None:
+def test_an_unsynced_truncate_is_undone_but_a_closed_rewrite_is_kept(mount: PowerMount) -> None:
     path = mount.mountpoint / "index"
     with open(path, "wb") as f:
         f.write(b"old state")
         f.flush()
         os.fsync(f.fileno())
-    path.write_bytes(b"new")  # O_TRUNC, then a write, no fsync
-    assert path.read_bytes() == b"new"
-    mount.cut()
+    with open(path, "r+b") as f:
+        f.truncate(3)
+        assert path.read_bytes() == b"old"
+        mount.cut()  # power lost while the file is still open
     assert path.read_bytes() == b"old state"
+    path.write_bytes(b"new")  # O_TRUNC, a write, close: ext4 flushes this on close
+    mount.cut()
+    assert path.read_bytes() == b"new"
+
+
+def test_a_rename_over_a_file_flushes_the_new_data_first(mount: PowerMount) -> None:
+    final, tmp = mount.mountpoint / "meta", mount.mountpoint / "meta.tmp"
+    final.write_bytes(b"")  # exists (empty, never written)
+    with open(tmp, "wb") as f:
+        f.write(b"replacement")
+    os.rename(tmp, final)
+    other = mount.mountpoint / "fresh"
+    with open(mount.mountpoint / "fresh.tmp", "wb") as f:
+        f.write(b"unsynced")
+    os.rename(mount.mountpoint / "fresh.tmp", other)  # not over a file: stays volatile
+    mount.cut()
+    assert final.read_bytes() == b"replacement"
+    assert other.read_bytes() == b""
 
 
 async def _publish_and_cut(tmp_path: Path, sync: str) -> tuple[list[Ack], list[tuple[int, str]]]:

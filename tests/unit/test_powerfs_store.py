@@ -65,3 +65,16 @@ def test_a_rename_carries_the_unsynced_data_with_the_file(tmp_path: Path) -> Non
     assert store.size("/e/final") == 3
     store.cut()
     assert store.size("/e/final") is None
+
+
+def test_a_file_rewritten_from_nothing_is_flushed_when_closed(tmp_path: Path) -> None:
+    store = store_with(tmp_path, "state", b"old")
+    store.truncate("/state", 0)
+    store.write("/state", b"new", 0)
+    store.closed("/state")
+    assert (tmp_path / "state").read_bytes() == b"new"
+    # An append is not a rewrite: closing does not flush it.
+    store.write("/state", b"+", 3)
+    store.closed("/state")
+    store.cut()
+    assert (tmp_path / "state").read_bytes() == b"new"
