@@ -41,14 +41,12 @@ POWER_ONE = "power loss, one NATS node"
 POWER_MINORITY = "power loss, minority + paused leader"
 POWER_ALL = "power loss, every NATS node"
 POWER_KINDS = (POWER_ONE, POWER_MINORITY, POWER_ALL)
-POWER_WEIGHTS = {POWER_ONE: 1, POWER_MINORITY: 1, POWER_ALL: 1}
 
 __all__ = [
     "POWER_ALL",
     "POWER_KINDS",
     "POWER_MINORITY",
     "POWER_ONE",
-    "POWER_WEIGHTS",
     "make_power_fault",
     "power_cut_all",
     "power_cut_minority",
