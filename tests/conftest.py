@@ -47,6 +47,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=1200.0,
         help="seconds each long chaos test keeps injecting faults",
     )
+    group.addoption(
+        "--chaos-sync",
+        default="always",
+        help="nats-server sync_interval for the long chaos runs' power-loss faults: always (as "
+        "shipped), default (the server's own, every 2 minutes) or a duration such as 10s",
+    )
+    group.addoption(
+        "--chaos-warmup",
+        type=float,
+        default=0.0,
+        help="seconds the long chaos runs let the replicas work before the first fault (130 "
+        "lets nats-server's default two-minute flush pass before the first power cut)",
+    )
 
 
 @pytest.fixture
@@ -57,6 +70,16 @@ def chaos_seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture
 def chaos_duration(request: pytest.FixtureRequest) -> float:
     return float(request.config.getoption("--chaos-duration"))
+
+
+@pytest.fixture
+def chaos_warmup(request: pytest.FixtureRequest) -> float:
+    return float(request.config.getoption("--chaos-warmup"))
+
+
+@pytest.fixture
+def chaos_sync(request: pytest.FixtureRequest) -> str:
+    return str(request.config.getoption("--chaos-sync"))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

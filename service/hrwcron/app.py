@@ -56,6 +56,7 @@ def layout(config: Config) -> Layout:
         stream_max_age=s.stream_max_age,
         replicas=s.replicas,
         storage=s.storage,
+        claims_storage=s.claims_storage,
     )
 
 

@@ -151,6 +151,9 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     subject_prefix: str = DEFAULT_SUBJECT_PREFIX
     replicas: int = 1
     storage: Storage = "file"
+    # Claims only stop replicas from doing the same work twice: the trigger stream's Msg-Id
+    # and subject-sequence fencing are what stop a duplicate, so claims need no disk.
+    claims_storage: Storage = "memory"
     duplicate_window: float = 600.0
     stream_max_age: float = 86400.0
     apply_jobs: bool = True

@@ -21,7 +21,7 @@ import json
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +29,8 @@ from typing import Any, TypeVar
 import nats
 
 from harness import NatsCluster, TcpProxy, find_libfaketime, wait_for_async
+from harness.ackjournal import ACK_JOURNAL_ENV, Ack, read_journals
+from harness.ackjournal import script_path as ackjournal_script
 from harness.chaos import ReplicaFleet, now_ms, wait_until_ms
 
 T = TypeVar("T")
@@ -156,12 +158,23 @@ class World:
     faketime: bool = True
     settle_s: float = 2.0  # a healed target stays reserved this long, to rejoin
     faults: list[Fault] = field(default_factory=list)
+    # Replicas record every PubAck of a trigger (harness/ackjournal.py), for the lost-ack check.
+    ack_journal: bool = False
 
     def __post_init__(self) -> None:
         env = {"HRWCRON_SCHEDULER_REPLICAS": "3", **self.timings.env()}
-        self.fleet = ReplicaFleet(
-            self.cluster.url, self.replicas + self.spares, self.base_dir / "replicas", env=env
-        )
+        count, logs = self.replicas + self.spares, self.base_dir / "replicas"
+        if self.ack_journal:
+            self.fleet = ReplicaFleet(
+                self.cluster.url,
+                count,
+                logs,
+                env=env,
+                module=None,
+                args=[ackjournal_script(), "run"],
+            )
+        else:
+            self.fleet = ReplicaFleet(self.cluster.url, count, logs, env=env)
         self.proxies: list[list[TcpProxy]] = []
         self.clock_files = [self.base_dir / f"{node}.faketime" for node in self.fleet.nodes]
         self.busy: dict[str, str] = {}  # target -> the kind of fault holding it
@@ -186,7 +199,18 @@ class World:
         env = {"HRWCRON_NATS_URL": ",".join(p.url for p in self.proxies[i])}
         if self.faketime:
             env.update(clock_file_env(self.clock_files[i]))
+        if self.ack_journal:
+            env[ACK_JOURNAL_ENV] = str(self.ack_journal_path(i))
         return env
+
+    def ack_journal_path(self, i: int) -> Path:
+        return self.base_dir / "replicas" / f"{self.node(i)}.acks.jsonl"
+
+    def acks(self) -> list[Ack]:
+        """Every trigger PubAck the replicas recorded (empty without ``ack_journal``)."""
+        if not self.ack_journal:
+            return []
+        return read_journals(self.ack_journal_path(i) for i in range(len(self.fleet.nodes)))
 
     def start(self, timeout: float = 90.0) -> None:
         """Proxies for every replica, then the core replicas; returns once all have joined."""
@@ -631,6 +655,8 @@ def make_fault(world: World, rng: random.Random, kind: str) -> Awaitable[Any]:
 
 
 Step = Callable[[], Awaitable[Any]]
+# Makes one fault of a kind that make_fault does not know (the power faults, say).
+Maker = Callable[[World, random.Random, str], Awaitable[Any]]
 
 
 def nats_free(world: World) -> None:
@@ -656,6 +682,10 @@ class Schedule:
     gap_s: tuple[float, float] = (0.3, 3.0)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     errors: list[BaseException] = field(default_factory=list)
+    makers: Mapping[str, Maker] = field(default_factory=dict)
+
+    def make(self, kind: str) -> Awaitable[Any]:
+        return self.makers.get(kind, make_fault)(self.world, self.rng, kind)
 
     def _launch(self, step: Step) -> bool:
         """Start ``step`` if there is room and its target is free; False otherwise."""
@@ -693,7 +723,7 @@ class Schedule:
         """Every kind of the schedule once, in a shuffled order."""
         kinds = list(self.kinds)
         self.rng.shuffle(kinds)
-        await self.script([(k, lambda k=k: make_fault(self.world, self.rng, k)) for k in kinds])
+        await self.script([(k, lambda k=k: self.make(k)) for k in kinds])
 
     async def run_for(self, seconds: float) -> None:
         """Random faults of the schedule's kinds until ``seconds`` have passed."""
@@ -702,7 +732,7 @@ class Schedule:
         weights = [WEIGHTS.get(kind, 1) for kind in kinds]
         while now_ms() < end:
             kind = self.rng.choices(kinds, weights)[0]
-            if self._launch(lambda kind=kind: make_fault(self.world, self.rng, kind)):  # type: ignore[misc]
+            if self._launch(lambda kind=kind: self.make(kind)):  # type: ignore[misc]
                 await hold(self.rng.uniform(*self.gap_s), "gap between faults")
             else:
                 await hold(0.2, "room for a fault")
@@ -760,6 +790,7 @@ __all__ = [
     "SKEW",
     "WEIGHTS",
     "Fault",
+    "Maker",
     "Schedule",
     "Step",
     "Timings",

@@ -45,6 +45,20 @@ async def test_creates_then_verifies(nats_server: NatsServer) -> None:
     assert "duplicate window 10m" in lines[-1]
     # The worker SDK's idempotency bucket keeps a record as long as the stream keeps a trigger.
     assert lines[-2].endswith("(file storage, replicas 1, max age 24h)"), lines[-2]
+    # Claims in memory (Msg-Id and fencing stop duplicates), jobs and triggers on disk.
+    storage = {
+        line.split(":")[0]: line.split(" storage")[0].rsplit(" ", 1)[-1].lstrip("(")
+        for line in lines
+    }
+    assert storage == {
+        "bucket hrwcron_members": "memory",
+        "bucket hrwcron_claims": "memory",
+        "bucket hrwcron_jobs": "file",
+        "bucket hrwcron_runs": "memory",
+        "bucket hrwcron_counts": "file",
+        "bucket hrwcron_processed": "file",
+        "stream HRWCRON_TRIGGERS": "file",
+    }
 
     again = await asyncio.to_thread(provision, nats_server.url)
     assert again.returncode == 0, again.stderr
@@ -86,6 +100,13 @@ async def test_a_worker_bucket_unlike_the_layout_is_reported_and_left_alone(
         assert info.config.storage == StorageType.MEMORY
     finally:
         await nc.close()
+
+
+async def test_claims_on_disk_when_configured(nats_server: NatsServer) -> None:
+    env = {"HRWCRON_SCHEDULER_CLAIMS_STORAGE": "file"}
+    done = await asyncio.to_thread(lambda: provision(nats_server.url, env=env))
+    assert done.returncode == 0, done.stderr
+    assert "bucket hrwcron_claims: created (file storage" in done.stdout
 
 
 def test_an_unreachable_server_fails_within_the_timeout() -> None:

@@ -430,8 +430,11 @@ class ReplicaFleet:
         env: Mapping[str, str] | None = None,
         prefix: str = "r",
         args: Sequence[str] = ("run",),
+        module: str | None = "hrwcron",
     ) -> None:
         self.nats_url = nats_url
+        # None runs ``python <args>``: a wrapper script such as the ack journal's.
+        self.module = module
         self.log_dir = Path(log_dir)
         self.env = dict(env or {})
         self.args = list(args)
@@ -481,6 +484,7 @@ class ReplicaFleet:
             self.args,
             env,
             self.log_dir / f"{self.nodes[i]}.log",
+            module=self.module,
             inherit_env=False,
             start=False,
         )

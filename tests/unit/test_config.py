@@ -56,7 +56,7 @@ def test_defaults_without_file() -> None:
     assert (s.jobs_bucket, s.runs_bucket) == ("hrwcron_jobs", "hrwcron_runs")
     assert (s.stream, s.subject_prefix) == ("HRWCRON_TRIGGERS", "hrwcron.trigger")
     assert s.stream_subjects == "hrwcron.trigger.>"
-    assert (s.replicas, s.storage) == (1, "file")
+    assert (s.replicas, s.storage, s.claims_storage) == (1, "file", "memory")
     assert (s.duplicate_window, s.stream_max_age) == (600.0, 86400.0)
     assert (s.apply_jobs, s.shutdown_timeout, s.max_in_flight, s.per_job_metrics) == (
         True,
@@ -149,6 +149,7 @@ weight = 0
 member_ttl = 0.5
 hearbeat_interval = 1
 storage = "disk"
+claims_storage = "ssd"
 replicas = 7
 stream_max_age = 60
 node_id = "web 1"
@@ -208,6 +209,7 @@ def test_broken_file_reports_every_problem_at_once() -> None:
         "scheduler.member_ttl",
         "scheduler.hearbeat_interval",
         "scheduler.storage",
+        "scheduler.claims_storage",
         "scheduler.replicas",
         "scheduler.stream_max_age",
         "scheduler.node_id",
@@ -231,6 +233,7 @@ def test_broken_file_reports_every_problem_at_once() -> None:
     assert "jobs[0]" in by_where["jobs[6].subject"]
     assert "is required" in by_where["jobs[4].schedule"]
     assert "'disk'" in by_where["scheduler.storage"]
+    assert "'ssd'" in by_where["scheduler.claims_storage"]
     # Every line names the file, as check-config prints them.
     assert all(line.startswith("test.toml: ") for line in err.lines())
     assert "test.toml: scheduler.member_ttl: " in str(err)
@@ -627,3 +630,14 @@ delete_after = "1h"
     assert "no UTC offset" in by_where["jobs[1].start"]
     assert "day-of-month" in by_where["jobs[1].exclude[1]"]
     assert "run out of ticks" in by_where["jobs[2].delete_after"]
+
+
+def test_claims_storage_follows_storage_memory_and_its_own_setting() -> None:
+    from hrwcron.jetstream.provision import Layout, StorageType
+
+    assert Layout().claims_storage_type == StorageType.MEMORY
+    assert Layout(claims_storage="file").claims_storage_type == StorageType.FILE
+    # Everything in memory includes the claims, whatever claims_storage says.
+    assert Layout(storage="memory", claims_storage="file").claims_storage_type == (
+        StorageType.MEMORY
+    )

@@ -42,10 +42,20 @@ class Layout:
     stream_max_age: float = 86_400.0
     replicas: int = 1
     storage: str = "file"
+    claims_storage: str = "memory"
 
     @property
     def storage_type(self) -> StorageType:
         return StorageType.MEMORY if self.storage == "memory" else StorageType.FILE
+
+    @property
+    def claims_storage_type(self) -> StorageType:
+        """Memory unless both settings say file: a claim lost with a server's memory can only
+        make a second replica claim the tick again, and its publish then meets the stream's
+        Msg-Id deduplication and subject-sequence fencing."""
+        if self.storage == "memory" or self.claims_storage == "memory":
+            return StorageType.MEMORY
+        return StorageType.FILE
 
 
 async def provision(
@@ -69,7 +79,7 @@ async def provision(
         ttl=layout.member_ttl,
         problems=problems,
     )
-    await _bucket(js, layout, layout.claims_bucket, layout.storage_type, 1, None, problems)
+    await _bucket(js, layout, layout.claims_bucket, layout.claims_storage_type, 1, None, problems)
     await _bucket(js, layout, layout.jobs_bucket, layout.storage_type, 5, None, problems)
     await _bucket(
         js, layout, layout.runs_bucket, StorageType.MEMORY, 1, layout.run_marker_ttl, problems
@@ -136,7 +146,11 @@ async def _placement(js: JetStreamContext, layout: Layout, problems: list[str]) 
     one replica on a cluster makes a NATS node's outage an outage of hrwcron (or of workers)."""
     wanted = [
         (f"bucket {layout.members_bucket}", f"KV_{layout.members_bucket}", StorageType.MEMORY),
-        (f"bucket {layout.claims_bucket}", f"KV_{layout.claims_bucket}", layout.storage_type),
+        (
+            f"bucket {layout.claims_bucket}",
+            f"KV_{layout.claims_bucket}",
+            layout.claims_storage_type,
+        ),
         (f"bucket {layout.jobs_bucket}", f"KV_{layout.jobs_bucket}", layout.storage_type),
         (f"bucket {layout.runs_bucket}", f"KV_{layout.runs_bucket}", StorageType.MEMORY),
         (f"bucket {layout.processed_bucket}", f"KV_{layout.processed_bucket}", layout.storage_type),
@@ -159,7 +173,8 @@ async def _placement(js: JetStreamContext, layout: Layout, problems: list[str]) 
         if have != storage.value:
             problems.append(
                 f"{label} has {have} storage where hrwcron uses {storage.value} "
-                "(scheduler.storage, or memory for members and run markers): recreate it"
+                "(scheduler.storage; scheduler.claims_storage for claims; always memory for "
+                "members and run markers): recreate it"
             )
 
 
