@@ -22,25 +22,31 @@ class FakeClient:
 
 
 @contextlib.asynccontextmanager
-async def serving(jobs: MemoryJobs, max_payload: int = 1024 * 1024) -> AsyncIterator[AdminService]:
-    """A started engine (``jobs`` loaded) and the admin service on top of it."""
-    triggers = MemoryTriggers()
+async def engine(jobs: MemoryJobs) -> AsyncIterator[Scheduler]:
+    """A started engine on the memory stores, ``jobs`` loaded."""
     scheduler = Scheduler(
         SETTINGS,
         members=MemoryMembers(SETTINGS.member_ttl),
         claims=MemoryClaims(),
-        triggers=triggers,
+        triggers=MemoryTriggers(),
         jobs=jobs,
         observer=NullObserver(),
     )
     await scheduler.start()
     try:
+        yield scheduler
+    finally:
+        await scheduler.stop()
+
+
+@contextlib.asynccontextmanager
+async def serving(jobs: MemoryJobs, max_payload: int = 1024 * 1024) -> AsyncIterator[AdminService]:
+    """A started engine and the admin service on top of it."""
+    async with engine(jobs) as scheduler:
         yield AdminService(
             FakeClient(max_payload),  # type: ignore[arg-type]
             scheduler,
             jobs,
-            triggers,
+            MemoryTriggers(),
             duplicate_window=600.0,
         )
-    finally:
-        await scheduler.stop()

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 
 from harness import wait_for_async
 from hrwcron.admin.api import JobList, StatusReply
 from hrwcron.memory import MemoryJobs
 from hrwcron.model import JobSpec
+from hrwcron.status import ReplicaStatus
+from hrwcron.telemetry import Telemetry
 
-from .serving import serving
+from .serving import engine, serving
 from .test_limits import call, refusal
 
 
@@ -99,5 +102,29 @@ def test_jobs_list_serves_loaded_and_skipped_specs_with_a_total() -> None:
             assert [e.name for e in msgspec.json.decode(req.reply or b"", type=JobList).jobs] == [
                 "p.5"
             ]
+
+    asyncio.run(scenario())
+
+
+def test_the_http_status_document_has_the_summary_and_pages_soonest_due_first() -> None:
+    async def scenario() -> None:
+        jobs = MemoryJobs()
+        for minute in range(30):
+            await jobs.put(JobSpec(name=f"m{29 - minute:02d}", schedule=f"{minute} * * * *"), 0)
+        await jobs.put(JobSpec(name="other", schedule="@daily", paused=True), 0)
+        async with engine(jobs) as scheduler:
+            source = ReplicaStatus(scheduler, Telemetry(node="t", process_metrics=False))
+            first = await source.status(limit=8, prefix="m")
+            assert first["summary"]["jobs"] == 31 and first["summary"]["paused"] == 1
+            assert first["jobs_total"] == 30 and len(first["jobs"]) == 8 and first["next"]
+            rows = [(j["next_fire_ms"], j["name"]) for j in first["jobs"]]
+            after = first["next"]
+            while after:
+                page = await source.status(limit=8, prefix="m", after=after)
+                rows += [(j["next_fire_ms"], j["name"]) for j in page["jobs"]]
+                after = page["next"]
+            assert rows == sorted(rows) and len(rows) == 30
+            with pytest.raises(ValueError, match="cursor"):
+                await source.status(after="m01")
 
     asyncio.run(scenario())
