@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .burst import BurstResult
 from .common import Summary, fmt, percentile, ratio
 from .failover import FailoverResult
+from .operator import OperatorResult, goal_rows, section
 from .precision import Run
 from .scale import ScaleResult
 
@@ -36,6 +37,7 @@ class Results:
     failover: FailoverResult | None = None
     scale: ScaleResult | None = None
     hrw: str = ""
+    operator: OperatorResult | None = None
     errors: list[str] = field(default_factory=list)
 
 
@@ -364,6 +366,7 @@ def _goal_rows(r: Results) -> list[tuple[str, str, str]]:
                 _ok(busy < 50) + (" (computing part)" if stall >= 50 and busy < 50 else ""),
             ),
         ]
+    rows += goal_rows(r.operator)
     return rows
 
 
@@ -426,6 +429,7 @@ def results_md(r: Results) -> str:
     lines += scale_section(r)
     if r.hrw:
         lines += ["## 5. " + r.hrw.lstrip("# ").rstrip(), ""]
+    lines += section(r.operator, 6)
     if r.errors:
         lines += ["## Sections that failed", "", *[f"- {e}" for e in r.errors], ""]
     return "\n".join(lines).rstrip() + "\n"
