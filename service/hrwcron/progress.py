@@ -127,8 +127,10 @@ class Progress:
         if self.total:
             left = (self.total - self.done) / rate if rate > 0 else math.inf
             parts.append(f"{_duration(left)} left")
-        parts.append(f"{_duration(now - self._started)} elapsed")
         text = " ".join(parts)
+        elapsed = f" {_duration(now - self._started)} elapsed"
+        if len(text) + len(elapsed) < self._width:  # the first thing to go on a narrow screen
+            text += elapsed
         return text[: self._width - 1]
 
     def _draw(self, now: float, force: bool = False) -> None:

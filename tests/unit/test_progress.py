@@ -118,3 +118,12 @@ def test_recent_counts_forget_after_the_window() -> None:
 def test_recent_counts_need_whole_buckets() -> None:
     with pytest.raises(ValueError, match="multiple"):
         RecentCounts(window_ms=1000, bucket_ms=300)
+
+
+def test_a_narrow_terminal_drops_the_elapsed_time_rather_than_cut_a_figure() -> None:
+    out, clock = Terminal(tty=True), Clock()
+    bar = Progress("writing jobs", 100_000, stream=out, clock=clock, width=80)
+    clock.now += 2.0
+    bar.update(40_000)
+    line = out.getvalue().split("\r")[-1].rstrip()
+    assert line.endswith("0:03 left") and "elapsed" not in line
