@@ -10,6 +10,7 @@ from .burst import BurstResult
 from .common import Summary, fmt, percentile, ratio
 from .durability import DurabilityResult
 from .failover import FailoverResult
+from .operator import OperatorResult, goal_rows, section
 from .precision import Run
 from .scale import ScaleResult
 
@@ -37,6 +38,7 @@ class Results:
     failover: FailoverResult | None = None
     scale: ScaleResult | None = None
     hrw: str = ""
+    operator: OperatorResult | None = None
     errors: list[str] = field(default_factory=list)
     durability: DurabilityResult | None = None
 
@@ -366,6 +368,7 @@ def _goal_rows(r: Results) -> list[tuple[str, str, str]]:
                 _ok(busy < 50) + (" (computing part)" if stall >= 50 and busy < 50 else ""),
             ),
         ]
+    rows += goal_rows(r.operator)
     return rows
 
 
@@ -429,6 +432,7 @@ def results_md(r: Results) -> str:
     if r.hrw:
         lines += ["## 5. " + r.hrw.lstrip("# ").rstrip(), ""]
     lines += durability_section(r.durability)
+    lines += section(r.operator, 6)
     if r.errors:
         lines += ["## Sections that failed", "", *[f"- {e}" for e in r.errors], ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -129,6 +129,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
                 shape.jobs_bucket,
                 claims_bucket=shape.claims_bucket,
                 subject_prefix=shape.subject_prefix,
+                client=client,
             ),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
             triggers=JetStreamTriggers(

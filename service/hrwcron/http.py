@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -34,7 +34,11 @@ MAX_LIMIT = 10_000
 
 class StatusSource(Protocol):
     def not_ready_reason(self) -> str: ...
-    async def status(self, limit: int, timeline: bool) -> dict[str, Any]: ...
+    async def status(
+        self, limit: int, timeline: bool, *, prefix: str = "", after: str = ""
+    ) -> dict[str, Any]:
+        """Raises ValueError for an ``after`` that is no page's ``next``."""
+        ...
 
 
 class BadRequest(Exception):
@@ -59,6 +63,15 @@ def _limit(query: dict[str, list[str]]) -> int:
     if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
         raise BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}, got {text[:40]!r}")
     return int(text)
+
+
+def _text_param(query: dict[str, list[str]], name: str) -> str:
+    values = query.get(name)
+    if not values:
+        return ""
+    if len(values[-1]) > 1024:
+        raise BadRequest(f"{name} is longer than 1024 characters")
+    return values[-1]
 
 
 class Response:
@@ -196,12 +209,23 @@ class HttpServer:
             return _json(503, {"ready": False, "reason": reason})
         return _json(200, {"ready": True})
 
+    async def _read_status(self, query: dict[str, list[str]], timeline: bool) -> dict[str, Any]:
+        try:
+            return await self._source.status(
+                _limit(query),
+                timeline,
+                prefix=_text_param(query, "prefix"),
+                after=_text_param(query, "after"),
+            )
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+
     async def _status(self, query: dict[str, list[str]]) -> Response:
         timeline = query.get("timeline", ["0"])[-1] in ("1", "true", "yes")
-        return _json(200, await self._source.status(_limit(query), timeline))
+        return _json(200, await self._read_status(query, timeline))
 
     async def _page(self, query: dict[str, list[str]]) -> Response:
-        status = await self._source.status(_limit(query), True)
+        status = await self._read_status(query, True)
         return Response(
             200,
             render_page(status).encode(),
@@ -334,10 +358,14 @@ def _jobs_table(status: dict[str, Any]) -> str:
         rows.append('<tr><td colspan="8" class="muted">no jobs</td></tr>')
     shown = len(status["jobs"])
     note = ""
-    if shown < status["jobs_total"]:
+    if status.get("next"):
+        query = {"limit": status["limit"], "after": status["next"]}
+        if status.get("prefix"):
+            query["prefix"] = status["prefix"]
         note = (
-            f'<p class="muted">showing {shown} of {_e(status["jobs_total"])} jobs; '
-            f"add ?limit=N (up to {MAX_LIMIT}) to see more</p>"
+            f'<p class="muted">showing {shown} of {_e(status["jobs_total"])} jobs, soonest due '
+            f'first; <a href="?{_e(urlencode(query))}">next {_e(status["limit"])}</a>, or add '
+            f"?limit=N (up to {MAX_LIMIT}) to see more at once</p>"
         )
     return (
         note + '<table id="jobs"><tr><th>job</th><th>schedule</th><th>owner</th>'
@@ -394,6 +422,20 @@ def _hhmm(epoch_ms: int) -> str:
     return f"{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}"
 
 
+def _summary(status: dict[str, Any]) -> str:
+    """Every job in a few numbers: the same whether there are ten jobs or 100,000."""
+    s = status.get("summary")
+    if not s:
+        return ""
+    owned = ", ".join(f"{_e(node)} {_e(count)}" for node, count in s["owned"].items())
+    orphans = f" · {_e(s['no_owner'])} with no eligible member" if s["no_owner"] else ""
+    return (
+        f'<p id="jobs-summary">{_e(s["jobs"])} jobs: {_e(s["paused"])} paused, '
+        f"{_e(s['bad'])} bad · owned: {owned or 'nobody'}{orphans} · "
+        f"{_e(s['missed_last_hour'])} ticks missed in the last hour</p>"
+    )
+
+
 def render_page(status: dict[str, Any]) -> str:
     """The status page; every value from the status document is escaped."""
     ready = (
@@ -421,11 +463,12 @@ def render_page(status: dict[str, Any]) -> str:
 · clock offset {_e(status["clock_offset_ms"])} ms · job-set digest
 <span class="mono">{_e(status["digest"])}</span> · {_e(status["jobs_total"])} jobs,
 {_e(status["owned_total"])} owned here · refreshes every {REFRESH_SECONDS} s</p>
+{_summary(status)}
 <h2>Members</h2>
 {_members_table(status)}
 <h2>Next hour: ticks per member and minute (by current ownership)</h2>
 {timeline}
-<h2>Jobs</h2>
+<h2>Jobs, soonest due first</h2>
 {_jobs_table(status)}
 <h2>Owned here, soonest first</h2>
 <p>{owned or '<span class="muted">none</span>'}</p>

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -309,6 +309,25 @@ class MemoryJobs:
         if revision is None:
             raise ConflictError(f"job {spec.name!r} changed since revision {last_revision}")
         return revision
+
+    async def put_many(self, items: Sequence[tuple[JobSpec, int | None]]) -> list[int | Exception]:
+        results: list[int | Exception] = []
+        for spec, revision in items:
+            try:
+                results.append(await self.put(spec, revision))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    async def delete_many(self, items: Sequence[tuple[str, int | None]]) -> list[Exception | None]:
+        results: list[Exception | None] = []
+        for name, revision in items:
+            try:
+                await self.delete(name, revision)
+                results.append(None)
+            except Exception as exc:
+                results.append(exc)
+        return results
 
     async def delete(self, name: str, last_revision: int | None) -> None:
         entry = self._bucket.live(name)

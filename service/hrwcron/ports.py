@@ -3,7 +3,7 @@ NATS, Prometheus or OpenTelemetry code, so it runs unchanged over the in-memory 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -147,6 +147,15 @@ class JobsEditor(Protocol):
 
 class JobsPort(JobsEditor, Protocol):
     def watch(self) -> AsyncIterator[JobEvent | None]: ...
+    async def put_many(self, items: Sequence[tuple[JobSpec, int | None]]) -> list[int | Exception]:
+        """``put`` of every ``(spec, last_revision)``, as fast as the store allows; per item
+        the new revision or the error ``put`` would have raised."""
+        ...
+
+    async def delete_many(self, items: Sequence[tuple[str, int | None]]) -> list[Exception | None]:
+        """``delete`` of every ``(name, last_revision)``; per item None or the error."""
+        ...
+
     async def last_revision(self) -> int:
         """The newest revision written to the bucket, deletions included (0 when empty)."""
         ...

@@ -50,6 +50,7 @@ from .ports import (
     TickSpan,
     TriggersPort,
 )
+from .recent import RecentCounts
 from .schedule import Schedule, jitter_ms
 from .ticks import TickId, format_ms
 from .view import MembershipView
@@ -190,6 +191,12 @@ class Scheduler:
         self._jobs_revision = 0  # newest jobs-bucket revision the watch delivered
         self._jobs_watch: asyncio.Task[Any] | None = None
         self._generation = 0  # bumped whenever the candidates change
+        # What operators see besides the running jobs: stored specs this replica did not load
+        # (revision, why), jobs per owner as of the last recount, ticks that passed their
+        # lateness window unpublished (whoever owned them).
+        self.skipped: dict[str, tuple[int, str]] = {}
+        self.owned_counts: dict[str, int] = {}
+        self.missed_recently = RecentCounts()
 
     # ----------------------------------------------------------------- readiness and members
 
@@ -405,6 +412,10 @@ class Scheduler:
             self._observer.bad_job(event.name, event.error)
         if old is not None and old.revision >= event.revision:
             return
+        if event.error:
+            self.skipped[event.name] = (event.revision, event.error)
+        else:
+            self.skipped.pop(event.name, None)
         if old is not None:
             self._digest ^= old.digest
             self._by_subject.pop(old.subject, None)
@@ -423,6 +434,7 @@ class Scheduler:
             error = f"cannot be scheduled: {exc}"
             log.warning("job %r skipped: %s", event.name, error)
             self._observer.bad_job(event.name, error)
+            self.skipped[event.name] = (event.revision, error)
             return
         self._digest ^= job.digest
         self.jobs[job.spec.name] = job
@@ -572,6 +584,8 @@ class Scheduler:
             return
         if now > due + job.spec.max_lateness_ms:
             counts = owner == self.node or (owner is None and ready)
+            if not counts:
+                self.missed_recently.add(now)  # the owner's own count is taken in _finish
             self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
             return
         if not ready or self.node not in order:
@@ -641,6 +655,8 @@ class Scheduler:
         lateness = None
         if outcome == "started":
             lateness = self.clock.now_ms() - due
+        elif outcome == "missed":
+            self.missed_recently.add(self.clock.now_ms())
         if count:
             self._observer.outcome(
                 job.spec.name,
@@ -674,6 +690,7 @@ class Scheduler:
             return
         collapsed = collapse_latest(job.plan, job.due, self.clock.now_ms())
         job.due = collapsed.due
+        self.missed_recently.add(self.clock.now_ms(), collapsed.missed)
         if job.owner == self.node:
             for outcome, passed in (("missed", collapsed.missed), ("excluded", collapsed.excluded)):
                 for _ in range(passed):
@@ -1074,23 +1091,34 @@ class Scheduler:
             self._owned_dirty.clear()
             candidates = self._candidates
             plain = [c.node for c in candidates] if all(c.weight == 1.0 for c in candidates) else []
-            owned = 0
+            owners: collections.Counter[str] = collections.Counter()
             jobs = list(self.jobs.values())
             for start in range(0, len(jobs), 500):
                 chunk = jobs[start : start + 500]
                 untagged = [j.spec.name for j in chunk if not j.spec.tags] if plain else []
                 if untagged:
-                    owned += sum(o == self.node for o in hrw.owners(untagged, plain).values())
+                    owners.update(hrw.owners(untagged, plain).values())
                 for job in chunk:
                     if plain and not job.spec.tags:
                         continue
                     order = ranking(job.spec.name, job.spec.tags, candidates)
-                    owned += bool(order) and order[0] == self.node
+                    if order:
+                        owners[order[0]] += 1
                 await asyncio.sleep(0)
-            self._observer.owned(owned)
+            self.owned_counts = dict(owners)
+            self._observer.owned(owners[self.node])
             await asyncio.sleep(1.0)  # coalesce bursts of changes into one recount
 
     # --------------------------------------------------------------------------- status
+
+    @property
+    def jobs_revision(self) -> int:
+        """The newest jobs-bucket revision this replica's watch has applied."""
+        return self._jobs_revision
+
+    def job_on_subject(self, subject: str) -> str | None:
+        """The loaded job that publishes on ``subject``, if any."""
+        return self._by_subject.get(subject)
 
     def ranking_of(self, name: str) -> list[str]:
         job = self.jobs.get(name)

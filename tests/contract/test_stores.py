@@ -114,6 +114,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
                 layout.jobs_bucket,
                 claims_bucket=layout.claims_bucket,
                 subject_prefix=layout.subject_prefix,
+                client=client,
             ),
             layout.subject_prefix,
             JetStreamCounts(js, await js.key_value(layout.counts_bucket), layout.counts_bucket),
@@ -519,3 +520,52 @@ async def test_two_jobs_never_share_a_trigger_subject(backend: Backend) -> None:
     await backend.jobs.put(spec("second", subject=shared), 0)
     await backend.jobs.delete("second", None)
     await backend.jobs.put(spec("third", subject=shared), 0)
+
+
+async def test_put_many_answers_each_job_as_put_would(backend: Backend) -> None:
+    jobs = backend.jobs
+    shared = f"{backend.prefix}.shared"
+    kept = await jobs.put(spec("kept"), 0)
+    gone = await jobs.put(spec("gone"), 0)
+    await jobs.delete("gone", gone)
+    await jobs.put(spec("holder", subject=shared), 0)
+    answers = await jobs.put_many(
+        [
+            (spec("new.one"), 0),  # never existed
+            (spec("new.two", "@every 2s"), 0),
+            (spec("gone", "@every 3s"), 0),  # its key holds a delete marker
+            (spec("kept", "@every 4s"), 0),  # exists: create-only refuses
+            (spec("taker", subject=shared), 0),  # another job's subject
+            (spec("kept", "@every 5s"), kept + 1000),  # stale revision
+            (spec("twin.a", subject=f"{backend.prefix}.twin"), 0),
+            (spec("twin.b", subject=f"{backend.prefix}.twin"), 0),  # same subject, same batch
+        ]
+    )
+    assert [type(a).__name__ for a in answers] == [
+        "int",
+        "int",
+        "int",
+        "ConflictError",
+        "SubjectTakenError",
+        "ConflictError",
+        "int",
+        "SubjectTakenError",
+    ]
+    snapshot = await jobs.snapshot()
+    assert set(snapshot) == {"kept", "holder", "new.one", "new.two", "gone", "twin.a"}
+    assert snapshot["new.two"].revision == answers[1]
+    assert snapshot["gone"].spec == spec("gone", "@every 3s")
+    assert snapshot["kept"].spec == spec("kept") and snapshot["kept"].revision == kept
+    # The subjects written by the batch are held: nobody else can have them now.
+    with pytest.raises(SubjectTakenError):
+        await jobs.put(spec("thief", subject=f"{backend.prefix}.new.one"), 0)
+    again = await jobs.put_many([(spec("new.one", "@every 9s"), answers[0]), (spec("x"), None)])
+    assert all(isinstance(a, int) for a in again)
+
+
+async def test_delete_many_answers_each_job(backend: Backend) -> None:
+    first = await backend.jobs.put(spec("a"), 0)
+    await backend.jobs.put(spec("b"), 0)
+    answers = await backend.jobs.delete_many([("a", first + 100), ("b", None)])
+    assert isinstance(answers[0], ConflictError) and answers[1] is None
+    assert set(await backend.jobs.snapshot()) == {"a"}

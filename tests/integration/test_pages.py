@@ -48,7 +48,7 @@ async def test_jobs_status_history_and_apply_work_with_jobs_too_big_for_one_repl
         return len(status.jobs) == 17
 
     await wait_for_async(all_loaded, DEADLINE, message="every replica loaded the jobs")
-    status = await hrwcron(url, "status", "--json")
+    status = await hrwcron(url, "status", "--all", "--json")
     assert status.code == 0, status.err
     assert [j["name"] for j in json.loads(status.out)["jobs"]] == [s.name for s in specs]
 

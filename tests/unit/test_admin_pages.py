@@ -13,15 +13,16 @@ from hrwcron.admin.api import ErrorBody, ErrorReply, JobList, ProblemBody
 from hrwcron.memory import MemoryJobs
 from hrwcron.model import JobSpec
 
-from .test_limits import call, refusal, service
+from .serving import serving
+from .test_limits import call, refusal
 
 
 def test_an_error_with_every_problem_of_a_huge_request_still_fits_one_message() -> None:
     async def scenario() -> None:
         jobs = MemoryJobs()
-        svc = service(jobs, max_payload=64 * 1024)
         spec = {"name": "tags", "schedule": "@every 1s", "tags": ["bad tag!" * 8] * 20_000}
-        req = await call(svc, "jobs.put", {"spec": spec})
+        async with serving(jobs, max_payload=64 * 1024) as svc:
+            req = await call(svc, "jobs.put", {"spec": spec})
         status, body = refusal(req)
         assert req.error is not None and len(req.error[2]) <= 64 * 1024 - 1024
         assert status == "400" and body.field == "spec.tags[0]"
@@ -53,32 +54,32 @@ def test_listing_jobs_that_do_not_fit_one_reply_pages_by_bytes() -> None:
         for i in range(17):
             spec = JobSpec(name=f"big{i:02d}", schedule="@every 1s", payload="x" * 65_000)
             await jobs.put(spec, 0)
-        svc = service(jobs, max_payload=1024 * 1024)
-        seen: list[str] = []
-        after = ""
-        pages = 0
-        while True:
-            req = await call(svc, "jobs.list", {"after": after})
-            assert req.reply is not None, req.error
-            assert len(req.reply) <= 1024 * 1024
-            page = msgspec.json.decode(req.reply, type=JobList)
-            assert all(e.spec is not None for e in page.jobs)
-            seen += [e.name for e in page.jobs]
-            pages += 1
-            if not page.next:
-                break
-            after = page.next
-        assert seen == [f"big{i:02d}" for i in range(17)] and pages == 2
-        # Count and bytes both bound a page: the smaller wins.
-        req = await call(svc, "jobs.list", {"limit": 3})
-        assert len(msgspec.json.decode(req.reply or b"", type=JobList).jobs) == 3
-        req = await call(svc, "jobs.list", {"max_bytes": 200_000})
-        small = msgspec.json.decode(req.reply or b"", type=JobList)
-        assert len(small.jobs) == 3 and small.next == "big02"
-        # A page holds at least one job, however small max_bytes is.
-        req = await call(svc, "jobs.list", {"max_bytes": 1})
-        assert [e.name for e in msgspec.json.decode(req.reply or b"", type=JobList).jobs] == [
-            "big00"
-        ]
+        async with serving(jobs, max_payload=1024 * 1024) as svc:
+            seen: list[str] = []
+            after = ""
+            pages = 0
+            while True:
+                req = await call(svc, "jobs.list", {"after": after})
+                assert req.reply is not None, req.error
+                assert len(req.reply) <= 1024 * 1024
+                page = msgspec.json.decode(req.reply, type=JobList)
+                assert all(e.spec is not None for e in page.jobs)
+                seen += [e.name for e in page.jobs]
+                pages += 1
+                if not page.next:
+                    break
+                after = page.next
+            assert seen == [f"big{i:02d}" for i in range(17)] and pages == 2
+            # Count and bytes both bound a page: the smaller wins.
+            req = await call(svc, "jobs.list", {"limit": 3})
+            assert len(msgspec.json.decode(req.reply or b"", type=JobList).jobs) == 3
+            req = await call(svc, "jobs.list", {"max_bytes": 200_000})
+            small = msgspec.json.decode(req.reply or b"", type=JobList)
+            assert len(small.jobs) == 3 and small.next == "big02"
+            # A page holds at least one job, however small max_bytes is.
+            req = await call(svc, "jobs.list", {"max_bytes": 1})
+            assert [e.name for e in msgspec.json.decode(req.reply or b"", type=JobList).jobs] == [
+                "big00"
+            ]
 
     asyncio.run(scenario())

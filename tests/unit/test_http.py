@@ -53,6 +53,17 @@ def status_doc(text: str = "plain") -> dict[str, Any]:
         "jobs_total": 2,
         "owned_total": 1,
         "limit": 1,
+        "prefix": text,
+        "order": "due",
+        "next": f"1001000:{text}",
+        "summary": {
+            "jobs": 2,
+            "paused": 0,
+            "bad": 1,
+            "owned": {"a": 1, text: 1},
+            "no_owner": 0,
+            "missed_last_hour": 3,
+        },
         "jobs": [
             {
                 "name": "billing.sweep",
@@ -95,14 +106,18 @@ def status_doc(text: str = "plain") -> dict[str, Any]:
 class FakeSource:
     def __init__(self) -> None:
         self.reason = ""
-        self.calls: list[tuple[int, bool]] = []
+        self.calls: list[tuple[int, bool, str, str]] = []
         self.text = "plain"
 
     def not_ready_reason(self) -> str:
         return self.reason
 
-    async def status(self, limit: int, timeline: bool) -> dict[str, Any]:
-        self.calls.append((limit, timeline))
+    async def status(
+        self, limit: int, timeline: bool, *, prefix: str = "", after: str = ""
+    ) -> dict[str, Any]:
+        if after == "nonsense":
+            raise ValueError("'nonsense' is not a cursor of a page in due order")
+        self.calls.append((limit, timeline, prefix, after))
         return status_doc(self.text)
 
 
@@ -163,13 +178,17 @@ async def test_status_limit_and_timeline(
     status, _, body = await get(server, "/status?limit=7&timeline=1")
     assert status == 200
     assert json.loads(body)["node"] == "a"
-    assert source.calls[-1] == (7, True)
-    await get(server, "/status")
-    assert source.calls[-1] == (100, False)
+    assert source.calls[-1] == (7, True, "", "")
+    await get(server, "/status?prefix=billing.&after=1001000:billing.a")
+    assert source.calls[-1] == (100, False, "billing.", "1001000:billing.a")
     for bad in ("abc", "0", "10001", "-1"):
         status, _, body = await get(server, f"/status?limit={bad}")
         assert status == 400
         assert "limit must be an integer from 1 to 10000" in json.loads(body)["error"]
+    status, _, body = await get(server, "/status?after=nonsense")
+    assert status == 400 and "not a cursor" in json.loads(body)["error"]
+    status, _, body = await get(server, "/status?prefix=" + "a" * 2000)
+    assert status == 400 and "longer than 1024" in json.loads(body)["error"]
     assert len(source.calls) == 2  # a bad request never reaches the source
 
 
@@ -195,7 +214,7 @@ async def test_page_is_escaped_and_forbids_scripts(
     source.text = HOSTILE
     status, headers, body = await get(server, "/?limit=1")
     assert status == 200
-    assert source.calls[-1] == (1, True)
+    assert source.calls[-1] == (1, True, "", "")
     assert headers["content-security-policy"] == PAGE_CSP
     assert "script-src 'none'" in PAGE_CSP
     page = body.decode()
@@ -203,7 +222,13 @@ async def test_page_is_escaped_and_forbids_scripts(
     assert "<img" not in page.lower()
     assert "&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;" in page
     assert '<meta http-equiv="refresh"' in page
-    assert "showing 1 of 2 jobs" in page
+    assert "showing 1 of 2 jobs, soonest due first" in page
+    # The next page keeps limit and prefix; the cursor and the prefix are escaped in the link.
+    (link,) = re.findall(r'<a href="([^"]*)">next 1</a>', page)
+    assert link.startswith("?limit=1&amp;after=1001000%3A%3Cscript%3E")
+    assert "&amp;prefix=%3Cscript%3E" in link
+    assert re.search(r'<p id="jobs-summary">2 jobs: 0 paused, 1 bad · owned: a 1, ', page)
+    assert "3 ticks missed in the last hour" in page
 
 
 def test_every_hostile_field_is_escaped() -> None:

@@ -32,8 +32,9 @@ from hrwcron.model import (
     json_depth,
 )
 from hrwcron.schedule import MAX_EVERY_MS, MAX_EXPRESSION_LENGTH, Schedule
-from hrwcron.scheduler import Settings
 from hrwcron.ticks import format_ms
+
+from .serving import serving
 
 PREFIX = "hrwcron.trigger"
 
@@ -215,28 +216,6 @@ class _Request:
         self.error = (code, description, data)
 
 
-class _Scheduler:
-    def __init__(self) -> None:
-        self.settings = Settings(node_id="t")
-        self.jobs: dict[str, Any] = {}
-        self.node = "t"
-
-
-class _Client:
-    def __init__(self, max_payload: int) -> None:
-        self.max_payload = max_payload
-
-
-def service(jobs: MemoryJobs, max_payload: int = 1024 * 1024) -> admin_service.AdminService:
-    return admin_service.AdminService(
-        _Client(max_payload),  # type: ignore[arg-type]
-        _Scheduler(),  # type: ignore[arg-type]
-        jobs,
-        None,  # type: ignore[arg-type]
-        duplicate_window=600.0,
-    )
-
-
 async def call(svc: admin_service.AdminService, verb: str, request: Any) -> _Request:
     req = _Request(request if isinstance(request, bytes) else msgspec.json.encode(request))
     await svc._endpoint(verb, svc._handlers[verb])(req)  # type: ignore[arg-type]
@@ -268,7 +247,8 @@ def test_the_admin_api_refuses_each_reported_spec_naming_the_field(
         spec = {"name": "poison", "schedule": "@every 1s", **fields}
         # Nested too deeply for a test to encode: spliced into the request as text.
         body = msgspec.json.encode({"spec": spec}).replace(b'"DEEP"', b"[" * 983 + b"]" * 983)
-        req = await call(service(jobs), "jobs.put", body)
+        async with serving(jobs) as svc:
+            req = await call(svc, "jobs.put", body)
         status, body = refusal(req)
         assert (status, body.code, body.field) == ("400", "bad_request", field)
         assert await jobs.snapshot() == {}
@@ -279,9 +259,9 @@ def test_the_admin_api_refuses_each_reported_spec_naming_the_field(
 def test_a_payload_whose_trigger_would_not_fit_the_server_is_refused() -> None:
     async def scenario() -> None:
         jobs = MemoryJobs()
-        svc = service(jobs, max_payload=32 * 1024)
         spec = {"name": "big", "schedule": "@every 1s", "payload": "x" * (30 * 1024)}
-        status, body = refusal(await call(svc, "jobs.put", {"spec": spec}))
+        async with serving(jobs, max_payload=32 * 1024) as svc:
+            status, body = refusal(await call(svc, "jobs.put", {"spec": spec}))
         assert (status, body.field) == ("400", "spec.payload")
         assert "max_payload (32768 bytes)" in body.message
         assert await jobs.snapshot() == {}

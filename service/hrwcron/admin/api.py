@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -22,12 +22,14 @@ MAX_LIST = 10_000
 MAX_HISTORY = 1_000
 MAX_BACKFILL = 1_000
 MAX_STATUS = 10_000
+MAX_BULK = 10_000
 
 # Every verb, in the order the service registers them; subjects are <prefix>.<verb>.
 VERBS = (
     "jobs.list",
     "jobs.get",
     "jobs.put",
+    "jobs.bulk",
     "jobs.delete",
     "jobs.pause",
     "jobs.resume",
@@ -117,6 +119,7 @@ class JobEntry(msgspec.Struct, kw_only=True):
 class JobList(msgspec.Struct, kw_only=True):
     jobs: list[JobEntry]
     next: str = ""  # pass as ``after`` for the next page; empty on the last page
+    total: int = 0  # jobs matching ``prefix``, on every page together
 
 
 class GetJob(_Request):
@@ -134,6 +137,60 @@ class PutResult(msgspec.Struct, kw_only=True):
     name: str
     revision: int
     created: bool
+
+
+class BulkPut(_Request):
+    """One job of a ``jobs.bulk`` request: the same fields as ``jobs.put``."""
+
+    spec: JobSpec
+    revision: Revision | None = None
+
+
+class BulkDelete(_Request):
+    name: str
+    revision: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class PutJobs(_Request):
+    """Many job writes and deletions in one request. Each item is decoded and validated on
+    its own, so a bad one is refused alone; with ``atomic`` any refusal writes nothing; with
+    ``dry_run`` nothing is written and every answer says what a write would do."""
+
+    jobs: Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BULK)] = msgspec.field(
+        default_factory=list
+    )
+    delete: Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BULK)] = msgspec.field(
+        default_factory=list
+    )
+    atomic: bool = False
+    dry_run: bool = False
+
+
+# What happened to one job of a bulk request (or, with dry_run, what would).
+BulkOutcome = Literal[
+    "created",  # written, new
+    "updated",  # written over a stored one
+    "unchanged",  # the stored spec is this one already: nothing written
+    "deleted",
+    "absent",  # to delete, but there is no such job: nothing to do
+    "refused",  # invalid, or its subject is another job's: see problems
+    "conflict",  # the job is not at the revision asked for, or changed while written
+    "skipped",  # valid, but not written because the request is atomic and others failed
+    "failed",  # NATS did not confirm the write: it may or may not have happened; retry
+]
+
+
+class JobOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str
+    outcome: BulkOutcome
+    revision: int = 0  # the job's revision after the write (or as found, when unchanged)
+    problems: list[ProblemBody] = msgspec.field(default_factory=list)
+
+
+class BulkResult(msgspec.Struct, kw_only=True):
+    jobs: list[JobOutcome]  # one per item of ``jobs``, in request order
+    deleted: list[JobOutcome]  # one per item of ``delete``, in request order
+    dry_run: bool = False
 
 
 class DeleteJob(_Request):
@@ -198,7 +255,9 @@ class BackfillResult(msgspec.Struct, kw_only=True):
 class StatusRequest(_Request):
     name: str = ""  # one job only
     prefix: str = ""
-    after: str = ""  # page cursor: only names sorting after this one
+    # "name": jobs by name; "due": soonest next firing first, paused and finished jobs last.
+    order: Literal["name", "due"] = "name"
+    after: str = ""  # page cursor: the ``next`` of the previous page
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATUS)] = 1_000
     max_bytes: MaxBytes = 0
 
@@ -245,6 +304,18 @@ class JobStatus(msgspec.Struct, kw_only=True):
     problem: str = ""
 
 
+class StatusSummary(msgspec.Struct, kw_only=True):
+    """The whole job set in a few numbers, as the answering replica sees it: small enough
+    for one reply at any number of jobs."""
+
+    jobs: int = 0  # loaded and running (paused ones included)
+    paused: int = 0
+    bad: int = 0  # stored specs not loaded, and jobs whose last trigger the server refused
+    owned: dict[str, int] = msgspec.field(default_factory=dict)  # jobs per owner
+    no_owner: int = 0  # jobs no live member is eligible for (tags)
+    missed_last_hour: int = 0  # ticks that passed their lateness window unpublished
+
+
 class StatusReply(msgspec.Struct, kw_only=True):
     node: str  # the replica that answered
     ready: bool
@@ -255,6 +326,7 @@ class StatusReply(msgspec.Struct, kw_only=True):
     total_jobs: int  # jobs matching name or prefix, on every page together
     truncated: bool  # more pages follow
     next: str = ""  # pass as ``after`` for the next page; empty on the last page
+    summary: StatusSummary = msgspec.field(default_factory=StatusSummary)
 
 
 class HistoryRequest(_Request):
@@ -288,6 +360,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "jobs.list": ListJobs,
     "jobs.get": GetJob,
     "jobs.put": PutJob,
+    "jobs.bulk": PutJobs,
     "jobs.delete": DeleteJob,
     "jobs.pause": PauseJob,
     "jobs.resume": PauseJob,

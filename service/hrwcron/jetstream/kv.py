@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo, DeliverPolicy
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -15,7 +17,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from ..errors import ConflictError, DuplicateNodeError, SubjectTakenError
 from ..model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec, decode_job, encode
-from ..ports import JobEvent, MemberRecord
+from ..ports import JobEvent, MemberRecord, StoreUnavailable
 
 WRONG_LAST_SEQUENCE = (10071, 10164)
 MARKER_REASON = "Nats-Marker-Reason"  # a server-placed TTL or purge marker, not a value
@@ -86,6 +88,116 @@ async def create_only(
     if operation not in (KV_DEL, KV_PURGE) or last.seq is None:
         return None
     return await conditional_put(js, bucket, key, value, int(last.seq), ttl)
+
+
+# Writes a pipelined batch keeps outstanding at most (it sends more once half have been
+# answered), and how long the whole batch may take.
+PIPELINE_WINDOW = 4096
+PIPELINE_TIMEOUT = 30.0
+
+
+class _Ack(msgspec.Struct):
+    seq: int = 0
+    error: dict[str, Any] | None = None
+
+
+async def pipelined_puts(
+    client: Client,
+    writes: Sequence[tuple[str, bytes, int]],
+    *,
+    window: int = PIPELINE_WINDOW,
+    timeout: float = PIPELINE_TIMEOUT,
+) -> list[int | Exception | None]:
+    """Publish every ``(subject, value, expected last subject sequence)`` to JetStream, each
+    compare-and-set like :func:`conditional_put`, with up to ``window`` in flight on one reply
+    subscription: the answer per write is its stream sequence, None when the expectation did
+    not hold, or the error. A write without an answer in ``timeout`` gets StoreUnavailable: it
+    may or may not have been applied.
+
+    One core publish per write and one shared inbox, and the sender pauses only when a whole
+    window is outstanding, so the client flushes writes in large batches. Awaiting each
+    ``js.publish`` costs a task, a timer and a flush per write: several times the work."""
+    loop = asyncio.get_running_loop()
+    prefix = client.new_inbox()
+    futures: list[asyncio.Future[bytes]] = []
+    outstanding = 0
+    room = asyncio.Event()
+
+    def settle(future: asyncio.Future[bytes], value: bytes | Exception) -> None:
+        nonlocal outstanding
+        if future.done():
+            return
+        if isinstance(value, Exception):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+        outstanding -= 1
+        if outstanding <= window // 2:
+            room.set()
+
+    async def answered(msg: Msg) -> None:
+        future = futures[int(msg.subject[len(prefix) + 1 :])]
+        if (msg.headers or {}).get("Status") == "503":
+            settle(future, StoreUnavailable("no stream answered the write (503)"))
+        else:
+            settle(future, msg.data)
+
+    subscription = await client.subscribe(
+        f"{prefix}.*", cb=answered, pending_msgs_limit=-1, pending_bytes_limit=-1
+    )
+    results: list[int | Exception | None] = []
+    try:
+        deadline = loop.time() + timeout
+        for index, (subject, value, last) in enumerate(writes):
+            if outstanding >= window:
+                room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(room.wait(), max(0.0, deadline - loop.time()))
+                if loop.time() >= deadline:
+                    break  # JetStream stopped answering: send no more
+            futures.append(loop.create_future())
+            outstanding += 1
+            await client.publish(
+                subject,
+                value,
+                reply=f"{prefix}.{index}",
+                headers={EXPECTED_LAST_SUBJECT_SEQ: str(last)},
+            )
+        pending = [f for f in futures if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+        results = [_ack_result(future) for future in futures]
+        unsent = StoreUnavailable("not written: JetStream stopped answering earlier writes")
+        results += [unsent] * (len(writes) - len(futures))
+    finally:
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
+        for future in futures:
+            if not future.done():
+                future.cancel()
+    return results
+
+
+def _ack_result(future: asyncio.Future[bytes]) -> int | Exception | None:
+    if not future.done():
+        return StoreUnavailable("no answer from JetStream in time")
+    if future.exception() is not None:
+        error = future.exception()
+        assert isinstance(error, Exception)
+        return error
+    try:
+        ack = msgspec.json.decode(future.result(), type=_Ack)
+    except msgspec.MsgspecError as exc:
+        return StoreUnavailable(f"unreadable answer from JetStream: {exc}")
+    if ack.error is not None:
+        if ack.error.get("err_code") in WRONG_LAST_SEQUENCE:
+            return None
+        try:
+            APIError.from_error(ack.error)  # raises the error's own class
+        except APIError as exc:
+            return exc
+        return APIError(**ack.error)
+    return ack.seq
 
 
 async def _entry(kv: KeyValue, key: str) -> KeyValue.Entry | None:
@@ -292,6 +404,8 @@ class JetStreamClaims:
 SUBJECT_CLAIM = "=subject."
 # Compare-and-set rounds a job write may lose to concurrent writers before it gives up.
 WRITE_ATTEMPTS = 8
+# Job writes of one batch that take the full path (reads, claim, job) at the same time.
+WRITE_IN_FLIGHT = 256
 
 
 class SubjectClaim(msgspec.Struct, kw_only=True):
@@ -333,12 +447,14 @@ class JetStreamJobs:
         *,
         claims_bucket: str | None = None,
         subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+        client: Client | None = None,
     ) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
         self._claims = claims_bucket
         self._prefix = subject_prefix
+        self._client = client
 
     @staticmethod
     def _event(entry: KeyValue.Entry) -> JobEvent:
@@ -379,6 +495,69 @@ class JetStreamJobs:
                 else f"job {spec.name!r} already exists"
             )
         return revision
+
+    async def put_many(
+        self, items: Sequence[tuple[JobSpec, int | None]], *, in_flight: int = WRITE_IN_FLIGHT
+    ) -> list[int | Exception]:
+        """Write every ``(spec, last_revision)`` as :meth:`put` would, many at once; the
+        answer per item is its new revision or the error ``put`` would have raised.
+
+        A create (``last_revision`` 0) first tries the two create-only writes of a job that
+        never existed, pipelined: every subject claim, then every job whose claim went
+        through. Whatever that leaves over (a delete marker, an existing job or claim, an
+        update) takes ``put``'s own path, ``in_flight`` at a time."""
+        results: list[int | Exception | None] = [None] * len(items)
+        if self._claims is not None and self._client is not None:
+            creates = [i for i, (_, revision) in enumerate(items) if revision == 0]
+            await self._create_new(items, creates, results, self._client, self._claims)
+        slots = asyncio.Semaphore(in_flight)
+
+        async def one(index: int) -> None:
+            spec, revision = items[index]
+            async with slots:
+                try:
+                    results[index] = await self.put(spec, revision)
+                except Exception as exc:
+                    results[index] = exc
+
+        await asyncio.gather(*(one(i) for i, r in enumerate(results) if r is None))
+        return [r if r is not None else StoreUnavailable("not written") for r in results]
+
+    async def _create_new(
+        self,
+        items: Sequence[tuple[JobSpec, int | None]],
+        creates: list[int],
+        results: list[int | Exception | None],
+        client: Client,
+        claims: str,
+    ) -> None:
+        """The fast path of :meth:`put_many` for jobs that never existed. A claim written
+        here whose job then cannot be created (it exists after all) is a stale claim, taken
+        over like one left by a crash between the two writes."""
+        if not creates:
+            return
+        claim_writes = [
+            (
+                f"$KV.{claims}.{SUBJECT_CLAIM}{items[i][0].trigger_subject(self._prefix)}",
+                encode(SubjectClaim(job=items[i][0].name)),
+                0,
+            )
+            for i in creates
+        ]
+        claimed = await pipelined_puts(client, claim_writes)
+        holding: list[int] = []
+        for index, answer in zip(creates, claimed, strict=True):
+            if isinstance(answer, Exception):
+                results[index] = answer  # perhaps written: the caller retries knowingly
+            elif answer is not None:
+                holding.append(index)
+        job_writes = [
+            (f"$KV.{self._bucket}.{items[i][0].name}", encode(items[i][0]), 0) for i in holding
+        ]
+        written = await pipelined_puts(client, job_writes)
+        for index, answer in zip(holding, written, strict=True):
+            if answer is not None:
+                results[index] = answer
 
     async def _stored(self, name: str) -> _Stored:
         revision, data = await last_message(self._js, self._bucket, name)
@@ -463,6 +642,13 @@ class JetStreamJobs:
         if subject is not None and self._claims is not None:
             await self._release_subject(subject, name, self._claims)
 
+    async def delete_many(
+        self, items: Sequence[tuple[str, int | None]], *, in_flight: int = WRITE_IN_FLIGHT
+    ) -> list[Exception | None]:
+        """Delete every ``(name, last_revision)`` as :meth:`delete` would, ``in_flight`` at a
+        time; the answer per item is None or the error ``delete`` would have raised."""
+        return await _each(items, lambda item: self.delete(*item), in_flight)
+
     async def _delete(self, name: str, last_revision: int | None) -> None:
         try:
             await self._kv.delete(name, last=last_revision)
@@ -485,6 +671,26 @@ class JetStreamJobs:
     async def watch(self) -> AsyncIterator[JobEvent | None]:
         async for entry in _watch(self._kv):
             yield None if entry is None else self._event(entry)
+
+
+T = TypeVar("T")
+
+
+async def _each(
+    items: Sequence[T], action: Callable[[T], Awaitable[None]], in_flight: int
+) -> list[Exception | None]:
+    """``action`` on every item, ``in_flight`` at a time; per item None or its error."""
+    slots = asyncio.Semaphore(in_flight)
+
+    async def one(item: T) -> Exception | None:
+        async with slots:
+            try:
+                await action(item)
+            except Exception as exc:
+                return exc
+            return None
+
+    return list(await asyncio.gather(*(one(item) for item in items)))
 
 
 def _claim_holder(data: bytes | None) -> str | None:
