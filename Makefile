@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SEED ?= 1
 DURATION ?= 1200
+# nats-server sync_interval in the chaos runs' power-loss faults: always (shipped) or default.
+SYNC ?= always
+# Seconds of work before the first fault (130: past nats-server's default two-minute flush).
+WARMUP ?= 0
 
 .PHONY: run test lint fmt bench bench-full chaos clean venv system-deps
 
@@ -29,16 +33,31 @@ fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench
 	$(BIN)/ruff check --fix service tests bench
 
-# Debian packages some tests use (libfaketime for clock skew, chromium for the status page).
-# Best effort: without root or apt the tests that need them skip with a reason.
+# Debian packages some tests use (libfaketime for clock skew, chromium for the status page,
+# promtool from prometheus for the alert rules, fuse3 for the power-loss filesystem of the chaos
+# suite). Best effort: without root or apt the tests that need them skip with a reason. Only
+# promtool is taken from the prometheus package, unpacked into /usr/local/bin: installing the
+# package would add a user and start or enable a server (through its init script in a container,
+# through systemd elsewhere), which tests never want.
 system-deps:
 	-@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  missing=""; \
 	  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || missing="$$missing libfaketime"; \
 	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	  ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so' || missing="$$missing fuse3"; \
+	  promtool=""; command -v promtool >/dev/null 2>&1 || promtool=yes; \
+	  if [ -n "$$missing$$promtool" ]; then apt-get update -qq >/dev/null 2>&1; fi; \
 	  if [ -n "$$missing" ]; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null 2>&1 \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null 2>&1 \
 	      || echo "note: could not install$$missing; tests that need them will skip"; \
+	  fi; \
+	  if [ -n "$$promtool" ]; then \
+	    unpack=$$(mktemp -d) && \
+	    ( cd "$$unpack" && apt-get download -qq prometheus && \
+	      dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool && \
+	      install -m 0755 usr/bin/promtool /usr/local/bin/promtool ) >/dev/null 2>&1 \
+	      || echo "note: could not install promtool (Debian: prometheus); the alert rule tests will skip"; \
+	    rm -rf "$$unpack"; \
 	  fi; \
 	fi
 
@@ -52,7 +71,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench --full
 
 chaos: $(STAMP) system-deps
-	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) tests/chaos
+	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) --chaos-sync=$(SYNC) --chaos-warmup=$(WARMUP) tests/chaos
 
 clean:
 	rm -rf $(VENV) build *.egg-info service/*.egg-info

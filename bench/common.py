@@ -352,14 +352,23 @@ class Fleet:
                     r.terminate(10.0)
 
 
-class Deployment:
-    """A single nats-server or a 3-node cluster from the test harness, in a temp directory."""
+SYNCS = ("default", "always")
 
-    def __init__(self, kind: str) -> None:
+
+class Deployment:
+    """A single nats-server or a 3-node cluster from the test harness, in a temp directory.
+
+    ``sync`` is the servers' JetStream ``sync_interval``: ``default`` (nats-server's own, a
+    flush every two minutes) or ``always`` (flush before every acknowledgement, as shipped)."""
+
+    def __init__(self, kind: str, sync: str = "default") -> None:
         if kind not in ("single", "R3"):
             raise ValueError(f"deployment is 'single' or 'R3', not {kind!r}")
+        if sync not in SYNCS:
+            raise ValueError(f"sync is one of {', '.join(SYNCS)}, not {sync!r}")
         self.kind = kind
-        self.base = Path(tempfile.mkdtemp(prefix=f"hrwcron-bench-{kind}-"))
+        self.sync = sync
+        self.base = Path(tempfile.mkdtemp(prefix=f"hrwcron-bench-{kind}-{sync}-"))
         self.server: Any = None
 
     @property
@@ -368,10 +377,15 @@ class Deployment:
 
     async def start(self) -> Deployment:
         h = harness()
+        conf = None
+        if self.sync == "always":
+            conf = "jetstream {\n  sync_interval: always\n}\n"
         if self.kind == "single":
-            self.server = h.NatsServer(name="bench", base_dir=self.base / "nats")
+            self.server = h.NatsServer(name="bench", base_dir=self.base / "nats", config_text=conf)
         else:
-            self.server = h.NatsCluster(3, cluster_name="hrwcron-bench", base_dir=self.base / "c")
+            self.server = h.NatsCluster(
+                3, cluster_name="hrwcron-bench", base_dir=self.base / "c", config_text=conf
+            )
         await asyncio.to_thread(self.server.start)
         return self
 

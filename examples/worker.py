@@ -1,7 +1,14 @@
-"""An example worker: prints every trigger of the `make run` playground, once per tick.
+"""An example worker: prints every trigger of an hrwcron deployment, once per tick.
 
     make run                                   # prints "nats-server with JetStream at nats://..."
     HRWCRON_NATS_URL=nats://127.0.0.1:PORT .venv/bin/python examples/worker.py
+
+It connects the way the hrwcron CLI does: the [nats] section of ``--config FILE`` (default
+$HRWCRON_CONFIG) with servers, user and password, token, creds file, NKEY seed file and TLS
+files, overlaid with HRWCRON_NATS_* variables (HRWCRON_NATS_URL, HRWCRON_NATS_USER,
+HRWCRON_NATS_PASSWORD, HRWCRON_NATS_TOKEN, HRWCRON_NATS_CREDS, HRWCRON_NATS_NKEY_SEED,
+HRWCRON_NATS_TLS_CA, HRWCRON_NATS_TLS_CERT, HRWCRON_NATS_TLS_KEY), then ``--nats-url`` over
+both. The trigger stream and subject prefix come from the same file's [scheduler] section.
 
 Options: ``--subjects 'hrwcron.trigger.reports.>'`` to take a subset, ``--durable NAME`` to run
 a second, independent group of workers, ``--fail-every N`` to make every N-th run fail and see
@@ -16,15 +23,31 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 
-import nats
-
+from hrwcron.cli_admin import connection_config
+from hrwcron.config import ENV_CONFIG_PATH, Config, ConfigFileError
+from hrwcron.errors import HrwcronError
+from hrwcron.jetstream.connect import connect
 from hrwcron.worker import Trigger, Worker
 
 
-async def main(args: argparse.Namespace) -> None:
-    nc = await nats.connect(args.nats_url)
+async def main(args: argparse.Namespace, config: Config) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    # Like a replica, keep trying until NATS answers (it may start after the worker), but let
+    # Ctrl-C end the waiting.
+    connecting = asyncio.ensure_future(connect(config.nats, name_suffix="-example-worker"))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        return
+    nc = connecting.result()
     runs = 0
 
     async def handle(trigger: Trigger) -> None:
@@ -39,11 +62,10 @@ async def main(args: argparse.Namespace) -> None:
         if args.fail_every and runs % args.fail_every == 0:
             raise RuntimeError("failing on purpose to show the retry")
 
-    worker = Worker(nc, handle, durable=args.durable, subjects=args.subjects)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    subjects = args.subjects or [f"{config.scheduler.subject_prefix}.>"]
+    worker = Worker(
+        nc, handle, durable=args.durable, subjects=subjects, stream=config.scheduler.stream
+    )
     print(f"worker {worker.name}: consumer {args.durable} on {', '.join(worker.subjects)}")
     try:
         await worker.run(stop)
@@ -53,13 +75,41 @@ async def main(args: argparse.Namespace) -> None:
         await nc.drain()
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--nats-url", default=os.environ.get("HRWCRON_NATS_URL", "nats://127.0.0.1:4222")
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0],
+        epilog=(__doc__ or "").split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--durable", default="example-worker")
-    parser.add_argument("--subjects", nargs="+", default=["hrwcron.trigger.>"])
-    parser.add_argument("--fail-every", type=int, default=0)
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=os.environ.get(ENV_CONFIG_PATH),
+        help=f"hrwcron TOML configuration to connect with (default: ${ENV_CONFIG_PATH})",
+    )
+    parser.add_argument(
+        "--nats-url",
+        metavar="URL",
+        help="NATS server URL(s), comma-separated, over the file and HRWCRON_NATS_URL",
+    )
+    parser.add_argument("--durable", default="example-worker", help="consumer (worker group)")
+    parser.add_argument(
+        "--subjects", nargs="+", help="trigger subjects to take (default: every job's)"
+    )
+    parser.add_argument(
+        "--fail-every", type=int, default=0, metavar="N", help="fail every N-th run on purpose"
+    )
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    try:
+        settings = connection_config(arguments)
+    except ConfigFileError as exc:
+        sys.exit("\n".join(exc.lines()))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    asyncio.run(main(parser.parse_args()))
+    try:
+        asyncio.run(main(arguments, settings))
+    except HrwcronError as exc:
+        sys.exit(f"worker: {exc}")

@@ -8,12 +8,29 @@ from pathlib import Path
 import pytest
 
 from harness import (
+    KEEP_DIRS_ENV,
     FaketimeUnavailable,
     NatsCluster,
     NatsServer,
     faketime_env,
     find_libfaketime,
+    keep_dirs,
+    run_dir,
 )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest's temporary directories (tmp_path, where most fixtures keep their servers' stores)
+    # go inside the run directory, so a killed run leaves none of them behind either; without
+    # this, pytest keeps the last three runs' directories and a killed run's stores with them.
+    if config.option.basetemp is None:
+        config.option.basetemp = str(run_dir() / "pytest")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if keep_dirs():
+        terminalreporter.write_line(f"run directory kept ({KEEP_DIRS_ENV}): {run_dir()}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,6 +47,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=1200.0,
         help="seconds each long chaos test keeps injecting faults",
     )
+    group.addoption(
+        "--chaos-sync",
+        default="always",
+        help="nats-server sync_interval for the long chaos runs' power-loss faults: always (as "
+        "shipped), default (the server's own, every 2 minutes) or a duration such as 10s",
+    )
+    group.addoption(
+        "--chaos-warmup",
+        type=float,
+        default=0.0,
+        help="seconds the long chaos runs let the replicas work before the first fault (130 "
+        "lets nats-server's default two-minute flush pass before the first power cut)",
+    )
 
 
 @pytest.fixture
@@ -40,6 +70,16 @@ def chaos_seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture
 def chaos_duration(request: pytest.FixtureRequest) -> float:
     return float(request.config.getoption("--chaos-duration"))
+
+
+@pytest.fixture
+def chaos_warmup(request: pytest.FixtureRequest) -> float:
+    return float(request.config.getoption("--chaos-warmup"))
+
+
+@pytest.fixture
+def chaos_sync(request: pytest.FixtureRequest) -> str:
+    return str(request.config.getoption("--chaos-sync"))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

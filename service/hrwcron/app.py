@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -15,16 +19,17 @@ from .admin.service import AdminService
 from .clock import Clock
 from .config import Config
 from .config import default_node_id as host_node_id
-from .errors import HrwcronError
+from .errors import HrwcronError, NatsSetupError
 from .failpoints import Failpoints
 from .http import HttpServer
 from .jetstream.connect import ConnectionHooks, connect
+from .jetstream.counts import JetStreamCounts
 from .jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers, JetStreamRuns
 from .jetstream.pipeline import JetStreamPipeline
 from .jetstream.provision import Layout, provision
 from .jetstream.triggers import JetStreamTriggers
-from .jobsync import apply_diff, diff_jobs
-from .model import DEFAULT_MAX_LATENESS
+from .jobsync import apply_at_start
+from .model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE
 from .ports import NullObserver, Observer
 from .scheduler import Scheduler, Settings
 from .status import ReplicaStatus
@@ -44,6 +49,7 @@ def layout(config: Config) -> Layout:
         claims_bucket=s.claims_bucket,
         jobs_bucket=s.jobs_bucket,
         runs_bucket=s.runs_bucket,
+        counts_bucket=s.counts_bucket,
         stream=s.stream,
         subject_prefix=s.subject_prefix,
         member_ttl=s.member_ttl,
@@ -51,6 +57,7 @@ def layout(config: Config) -> Layout:
         stream_max_age=s.stream_max_age,
         replicas=s.replicas,
         storage=s.storage,
+        claims_storage=s.claims_storage,
     )
 
 
@@ -74,6 +81,18 @@ def settings(config: Config) -> Settings:
     )
 
 
+def check_max_payload(job_payload: int, server_payload: int) -> None:
+    """A trigger is a job's payload plus its envelope; nats-server resets a connection that
+    publishes more than its max_payload, so a config that allows bigger ones is refused."""
+    if job_payload + TRIGGER_ENVELOPE > server_payload:
+        raise NatsSetupError(
+            f"scheduler.max_payload is {job_payload} bytes: with a trigger's envelope "
+            f"({TRIGGER_ENVELOPE} bytes) a trigger could be larger than the NATS server's "
+            f"max_payload ({server_payload} bytes); lower scheduler.max_payload to at most "
+            f"{max(0, server_payload - TRIGGER_ENVELOPE)} or raise max_payload in nats-server"
+        )
+
+
 @dataclass
 class Stores:
     """The JetStream-backed ports of one connection."""
@@ -84,6 +103,7 @@ class Stores:
     jobs: JetStreamJobs
     runs: JetStreamRuns
     triggers: JetStreamTriggers
+    counts: JetStreamCounts
 
 
 async def open_stores(config: Config, *, provision_missing: bool = True) -> Stores:
@@ -93,6 +113,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
     pipeline = JetStreamPipeline(client)
     hooks.disconnected.append(pipeline.connection_lost)
     try:
+        check_max_payload(config.scheduler.max_payload, client.max_payload)
         js = client.jetstream()
         shape = layout(config)
         if provision_missing:
@@ -106,9 +127,19 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
             claims=JetStreamClaims(
                 js, await js.key_value(shape.claims_bucket), shape.claims_bucket, pipeline
             ),
-            jobs=JetStreamJobs(js, await js.key_value(shape.jobs_bucket), shape.jobs_bucket),
+            jobs=JetStreamJobs(
+                js,
+                await js.key_value(shape.jobs_bucket),
+                shape.jobs_bucket,
+                claims_bucket=shape.claims_bucket,
+                subject_prefix=shape.subject_prefix,
+                client=client,
+            ),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
             triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix, pipeline),
+            counts=JetStreamCounts(
+                js, await js.key_value(shape.counts_bucket), shape.counts_bucket
+            ),
         )
     except BaseException:
         await client.close()
@@ -128,19 +159,39 @@ class Replica:
     async def stop(self) -> None:
         """Shutdown order: stop answering admin requests (the others answer them), stop
         claiming and finish in-flight publishes (bounded), leave the membership so others take
-        over at once, then drain the connection."""
+        over at once, then drain the connection. Each step is bounded, so the whole takes
+        about ``shutdown_timeout``, also when the connection is gone."""
+        budget = self.config.scheduler.shutdown_timeout
         if self.admin is not None:
             with contextlib.suppress(Exception):
-                await self.admin.stop()
-        await self.scheduler.stop()
+                await asyncio.wait_for(self.admin.stop(), timeout=0.5)
+        await self.scheduler.stop(max(0.5, budget - 1.5))
         # Closed after the scheduler, so probes see the replica until it has left.
         if self.http is not None:
-            await self.http.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.stores.client.drain(), timeout=1.0)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.http.close(), timeout=0.5)
+        if not self.stores.client.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.stores.client.drain(), timeout=0.5)
         if self.telemetry is not None:
-            await self.telemetry.shutdown()
+            await self.telemetry.shutdown(timeout=0.5)
         self.stopped.set()
+
+
+async def _apply_config_jobs(stores: Stores, config: Config) -> None:
+    """Replicas started together from one file race to write the same jobs; see
+    ``apply_at_start`` for why losing that race is never fatal. A one-time job that ran and
+    was deleted (``delete_after``) stays gone."""
+    applied = await apply_at_start(stores.jobs, config.jobs, now_ms=int(time.time() * 1000))
+    if applied.written:
+        log.info("applied jobs from the config file: %s", ", ".join(applied.written))
+    if applied.concurrent:
+        log.info(
+            "%d jobs from the config file were written by another replica meanwhile",
+            len(applied.concurrent),
+        )
+    for warning in applied.left:
+        log.warning("%s", warning)
 
 
 async def start_replica(
@@ -150,10 +201,7 @@ async def start_replica(
     http: HttpServer | None = None
     try:
         if config.scheduler.apply_jobs and config.jobs:
-            diff = await diff_jobs(stores.jobs, config.jobs, prune=False)
-            if not diff.empty:
-                log.info("applying jobs from the config file: %s", ", ".join(diff.lines()))
-                await apply_diff(stores.jobs, diff)
+            await _apply_config_jobs(stores, config)
         clock = Clock()
         telemetry = observer if isinstance(observer, Telemetry) else None
         if observer is None:
@@ -173,6 +221,7 @@ async def start_replica(
             triggers=stores.triggers,
             jobs=stores.jobs,
             runs=stores.runs,
+            counts=stores.counts,
             observer=observer or telemetry or NullObserver(),
             clock=clock,
             failpoints=Failpoints(env),
@@ -211,23 +260,77 @@ async def start_replica(
     return Replica(config, stores, scheduler, admin=admin, telemetry=telemetry, http=http)
 
 
+# How often a running replica checks that its connection is still there.
+CONNECTION_CHECK_S = 0.25
+
+
 async def serve(config: Config, env: Mapping[str, str]) -> int:
-    """Run one replica until SIGTERM or SIGINT; returns the process exit code."""
+    """Run one replica until SIGTERM or SIGINT; returns the process exit code: 0 after a
+    signal, 1 when it could not start, hit a fatal error or lost its connection for good (a
+    supervisor should restart it). A signal stops it within ``shutdown_timeout`` plus a
+    second in every phase: while connecting, loading, running or after losing NATS."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    grace = config.scheduler.shutdown_timeout
+    signalled = asyncio.create_task(stop.wait())
+    starting = asyncio.create_task(start_replica(config, env))
+    await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("stopping while starting")
+        exit_deadline(grace + 1.0, 0)
+        starting.cancel()
+        await asyncio.wait({starting}, timeout=grace)
+        if starting.done() and not starting.cancelled() and starting.exception() is None:
+            await starting.result().stop()  # it finished starting meanwhile
+        log.info("stopped")
+        return 0
+    signalled.cancel()
     try:
-        replica = await start_replica(config, env)
+        replica = starting.result()
     except HrwcronError as exc:
         log.error("%s", exc)
         return 1
-    fatal = asyncio.create_task(replica.scheduler.failed.wait())
-    waiter = asyncio.create_task(stop.wait())
-    await asyncio.wait({fatal, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    fatal.cancel()
-    waiter.cancel()
+    code = await _run_until_stopped(replica, stop)
+    exit_deadline(grace + 1.0, code or 1)  # a stop cut short is not a clean exit
     log.info("stopping")
     await replica.stop()
     log.info("stopped")
-    return 1 if replica.scheduler.fatal else 0
+    return code
+
+
+async def _run_until_stopped(replica: Replica, stop: asyncio.Event) -> int:
+    """Waits for a signal (0), a fatal error (1) or a connection closed for good (1): nats-py
+    does not reconnect after the server closed the connection over a protocol error."""
+    client = replica.stores.client
+    while not stop.is_set():
+        if replica.scheduler.failed.is_set():
+            return 1
+        if client.is_closed:
+            log.error(
+                "the connection to NATS was closed for good (%s); exiting so that the "
+                "supervisor restarts this replica",
+                client.last_error or "no error given",
+            )
+            return 1
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CONNECTION_CHECK_S):
+                await stop.wait()
+    return 0
+
+
+def exit_deadline(seconds: float, code: int) -> None:
+    """Ends the process ``seconds`` from now if it is still running: the last resort that
+    keeps a stop bounded when a library call ignores cancellation or a thread never ends."""
+
+    def expire() -> None:
+        log.error("shutdown took longer than %.1f s; exiting now", seconds)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()

@@ -35,10 +35,10 @@ from .cli_admin import (
 from .cli_provision import add_provision
 from .cli_run import add_dev, add_run
 from .config import ConfigFileError, config_warnings, load_config, node_id_problem
-from .errors import InvalidInput, Problem
+from .errors import InvalidInput, Problem, ScheduleError
 from .hrw import rank, weighted_rank
-from .model import job_name_problem
-from .schedule import Schedule
+from .model import JobSpec, job_name_problem
+from .plan import SEARCH_BUDGET, SEARCH_HORIZON_MS, TickPlan
 from .ticks import parse_instant
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -90,13 +90,21 @@ def _add_next(sub: Subparsers) -> None:
         help="print the next due instants of a schedule",
         description=(
             "Print the next due instants of a cron schedule, one UTC ISO-8601 instant per "
-            "line, evaluated in a time zone with hrwcron's daylight-saving rules."
+            "line, evaluated in a time zone with hrwcron's daylight-saving rules. --start, "
+            "--end and --exclude apply a job's window and exclusions; fewer lines than --count "
+            "mean the schedule ends (a note on stderr says why)."
         ),
         epilog=(
             "examples:\n"
             "  hrwcron next '30 2 * * *' --tz America/New_York --after 2026-03-07T12:00:00Z\n"
             "  hrwcron next '@every 90s' --count 5\n"
             "  hrwcron next '0 0 9 * * MON-FRI' --tz Europe/Berlin  (6 fields: seconds first)\n"
+            "  hrwcron next '0 0 L * *' --count 3  (the last day of each month)\n"
+            "  hrwcron next '0 9 * * 1#2'  (the second Monday; 5L is the last Friday)\n"
+            "  hrwcron next 'H H * * *' --job reports.daily  (H is hashed from the job's name)\n"
+            "  hrwcron next '@at 2026-12-24T09:00:00' --tz Europe/Berlin  (once)\n"
+            "  hrwcron next '0 9 * * *' --exclude '* * 25 12 *' --exclude 2026-12-31 --explain\n"
+            "  hrwcron next '0 * * * *' --start 2026-03-01T00:00:00Z --end 2026-03-31T23:00:00Z\n"
             "  hrwcron next reports.daily --count 3  (a job's schedule, read from the cluster)"
         ),
         formatter_class=_FORMATTER,
@@ -104,9 +112,14 @@ def _add_next(sub: Subparsers) -> None:
     p.add_argument(
         "expr",
         metavar="EXPR|JOB",
-        help="cron expression, macro, '@every DURATION', or the name of a job",
+        help="cron expression, macro, '@every DURATION', '@at TIME', or the name of a job",
     )
     p.add_argument("--tz", metavar="ZONE", help="IANA time zone (default: UTC)")
+    p.add_argument(
+        "--job",
+        metavar="NAME",
+        help="the job name that H in EXPR is hashed from (a job from the cluster uses its own)",
+    )
     p.add_argument(
         "--after",
         type=_instant,
@@ -116,26 +129,123 @@ def _add_next(sub: Subparsers) -> None:
     p.add_argument(
         "--count", type=_count, default=1, metavar="N", help="how many instants (default: 1)"
     )
+    p.add_argument("--start", metavar="RFC3339", help="no tick before this instant (a job's start)")
+    p.add_argument("--end", metavar="RFC3339", help="no tick after this instant (a job's end)")
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="leave out ticks on these local times: a cron expression or a date range such as "
+        "2026-12-24..2026-12-26 (repeatable)",
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="also list the excluded ticks with the rule that excludes them",
+    )
     add_connection_options(p)
     p.set_defaults(handler=_cmd_next)
+
+
+# Where the window and exclusion problems of a plan come from on this command line.
+_NEXT_FLAGS = {"start": "--start", "end": "--end", "tz": "tz"}
 
 
 def _cmd_next(args: argparse.Namespace) -> int:
     if job_name_problem(args.expr) is None:
         # One token without '@' is never a schedule, so it names a job; the admin API has it.
-        return next_for_job(args, lambda expr, tz: _print_next(args, expr, tz))
-    return _print_next(args, args.expr, args.tz or "UTC")
+        if args.job is not None:
+            raise InvalidInput("JOB already names the job; --job goes with an expression", "--job")
+        for flag in ("start", "end"):
+            if getattr(args, flag) is not None:
+                raise InvalidInput(f"a job has its own {flag}; drop --{flag}", f"--{flag}")
+        if args.exclude:
+            raise InvalidInput("a job has its own exclusions; drop --exclude", "--exclude")
+        return next_for_job(args, lambda spec, left: _print_next(args, spec, left))
+    if args.job is not None:
+        bad_job = job_name_problem(args.job)
+        if bad_job:
+            raise InvalidInput(bad_job, "--job")
+    spec = JobSpec(
+        name=args.job or "",
+        schedule=args.expr,
+        tz=args.tz or "UTC",
+        start=args.start,
+        end=args.end,
+        exclude=list(args.exclude),
+    )
+    return _print_next(args, spec, None)
 
 
-def _print_next(args: argparse.Namespace, expr: str, tz: str) -> int:
-    schedule = Schedule.parse(expr, tz)
+def _plan(spec: JobSpec) -> TickPlan:
+    try:
+        return TickPlan.parse(
+            spec.schedule,
+            spec.tz,
+            job=spec.name or None,
+            start=spec.start,
+            end=spec.end,
+            exclude=spec.exclude,
+        )
+    except ScheduleError as exc:
+        if exc.field == "job":
+            raise InvalidInput(
+                f"{exc.problems[0].message}; name the job with --job NAME", "--job"
+            ) from None
+        problems = []
+        for p in exc.problems:
+            where = _NEXT_FLAGS.get(p.where, p.where)
+            if p.where.startswith("exclude["):
+                where = "--exclude"
+            problems.append(Problem(where, p.message))
+        raise InvalidInput(problems) from None
+
+
+def _print_next(args: argparse.Namespace, spec: JobSpec, runs_left: int | None) -> int:
+    plan = _plan(spec)
     at: int = time.time_ns() // 1_000_000 if args.after is None else args.after
-    due: list[str] = []
-    for _ in range(args.count):
-        at = schedule.next_after(at)
-        due.append(format_instant(at))
-    _emit(due)
+    wanted = args.count if runs_left is None else min(args.count, runs_left)
+    horizon = at + SEARCH_HORIZON_MS
+    lines: list[str] = []
+    found = 0
+    for _ in range(SEARCH_BUDGET):
+        due = plan.next_after(at) if found < wanted else None
+        if due is None or due > horizon:
+            break
+        exclusion = plan.excluded_by(due)
+        if exclusion is None:
+            lines.append(format_instant(due) + ("  fires" if args.explain else ""))
+            found += 1
+            at = due
+            continue
+        # Step over the whole stretch the exclusion covers, in one line.
+        until = exclusion.covered_until(due)
+        if args.explain:
+            more = plan.next_after(due)
+            tail = (
+                f", and every tick before {format_instant(until)}" if more and more < until else ""
+            )
+            lines.append(f"{format_instant(due)}  excluded by {exclusion.text!r}{tail}")
+        at = max(due, until - 1)
+    _emit(lines)
+    if found < args.count:
+        why = _why_no_more(plan, found, runs_left, searched=due is not None)
+        print(f"hrwcron next: {why}", file=sys.stderr)
     return EXIT_OK
+
+
+def _why_no_more(plan: TickPlan, found: int, runs_left: int | None, searched: bool) -> str:
+    shown = f"{found} instant{'' if found == 1 else 's'}"
+    if searched:
+        return f"{shown}: the exclusions leave no further tick within the next 100 years"
+    if runs_left is not None and found >= runs_left:
+        return f"{shown}: the job has {runs_left} run{'' if runs_left == 1 else 's'} left"
+    if plan.at_ms is not None:
+        return f"{shown}: a one-time schedule is due once, at {format_instant(plan.at_ms)}"
+    if plan.end_ms is not None:
+        return f"{shown}: no tick after the end, {format_instant(plan.end_ms)}"
+    return f"{shown}: the schedule has no further due time"
 
 
 # --- owner --------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ but a NATS connection (``--config FILE``, ``--nats-url URL`` or ``HRWCRON_NATS_U
 permission to publish on those subjects. Output is a table for people; ``--json`` prints the
 API's reply for scripts. Exit codes: 0 done, 2 the request was refused (bad input, unknown
 job, stale revision), 1 the cluster could not serve it (no replica, timeout, server error).
+Commands that page through many jobs or write many show a progress bar on stderr while they
+run, when stderr is a terminal (``--quiet`` turns it off).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +25,22 @@ import msgspec
 
 from .config import ENV_CONFIG_PATH, Config, load_config, redact_url
 from .errors import HrwcronError, InvalidInput, NatsSetupError, Problem
-from .model import JobSpec, job_name_problem
+from .model import MAX_PAYLOAD_DEPTH, JobSpec, job_name_problem, json_depth
+from .progress import Progress
 from .ticks import format_ms, parse_instant
 
 if TYPE_CHECKING:
+    from .admin.api import JobOutcome, StatusReply
     from .admin.client import AdminClient
     from .cli import Subparsers
 
 EXIT_OK = 0
 EXIT_SERVER = 1
+EXIT_REFUSED = 2
+# Lines of a terminal that `status` keeps for everything but the job rows.
+STATUS_CHROME = 10
+MIN_STATUS_ROWS = 10
+_TOO_DEEP = f"nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep"
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
@@ -61,6 +72,22 @@ def add_connection_options(p: argparse.ArgumentParser) -> None:
 
 def _add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the API reply as JSON")
+
+
+def _add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar (shown on stderr when it is a terminal and the command takes "
+        "more than a second)",
+    )
+
+
+def _progress(args: argparse.Namespace, label: str, total: int | None = None) -> Progress:
+    enabled = False if getattr(args, "quiet", False) else None
+    width = shutil.get_terminal_size().columns
+    return Progress(label, total, stream=sys.stderr, enabled=enabled, width=width)
 
 
 def _seconds(text: str) -> float:
@@ -192,7 +219,12 @@ def add_jobs(sub: Subparsers) -> None:
             "  hrwcron jobs ls\n"
             "  hrwcron jobs get reports.daily --json\n"
             "  hrwcron jobs put reports.daily --schedule '30 2 * * *' --tz America/New_York\n"
+            "  hrwcron jobs put remind.xmas --schedule '@at 2026-12-24T09:00:00' "
+            "--tz Europe/Berlin --delete-after 86400\n"
+            "  hrwcron jobs put campaign --schedule '0 * * * *' --start 2026-03-01T00:00:00Z "
+            "--end 2026-03-31T23:00:00Z --exclude '* 0-6 * * *'\n"
             "  hrwcron jobs put -f job.json --revision 7   (refused if someone changed it)\n"
+            "  hrwcron jobs put -f jobs.json   (a JSON array: many jobs, written together)\n"
             "  hrwcron jobs pause reports.daily\n"
             "  hrwcron jobs rm reports.daily"
         ),
@@ -202,6 +234,7 @@ def add_jobs(sub: Subparsers) -> None:
 
     ls = verbs.add_parser("ls", help="list jobs")
     ls.add_argument("--prefix", default="", help="only jobs whose name starts with this")
+    _add_quiet(ls)
     ls.set_defaults(handler=_cmd_jobs_ls)
 
     get = verbs.add_parser("get", help="show one job and its revision")
@@ -214,7 +247,13 @@ def add_jobs(sub: Subparsers) -> None:
         description=(
             "Create or replace a job from flags or from a JSON file (-f FILE, '-' for stdin) "
             "holding one job spec. With --revision N the write only happens if the job is "
-            "still at revision N (0: only if it does not exist)."
+            "still at revision N (0: only if it does not exist). A file holding a JSON array "
+            "of job specs writes them all, in requests as large as the server allows with "
+            "several in flight; each job is answered on its own (created, updated, unchanged, "
+            "or refused with its problems) and a refused one does not stop the others. "
+            "--atomic first has every job checked and writes nothing if any is refused; "
+            "a job that a concurrent writer changes between that check and its write is "
+            "still reported on its own, as a conflict."
         ),
     )
     put.add_argument("name", metavar="JOB", nargs="?", type=_job_name)
@@ -230,7 +269,30 @@ def add_jobs(sub: Subparsers) -> None:
     put.add_argument("--subject", metavar="SUBJECT", help="trigger subject (default per job)")
     put.add_argument("--description", metavar="TEXT")
     put.add_argument("--paused", action="store_true", help="write the job paused")
+    put.add_argument("--start", metavar="RFC3339", help="no tick before this instant")
+    put.add_argument("--end", metavar="RFC3339", help="no tick after this instant")
+    put.add_argument(
+        "--exclude",
+        action="append",
+        metavar="RULE",
+        help="skip ticks on these local times: a cron expression or a date range such as "
+        "2026-12-24..2026-12-26 (repeatable)",
+    )
+    put.add_argument("--max-runs", type=int, metavar="N", help="fire N scheduled ticks in all")
+    put.add_argument(
+        "--delete-after",
+        type=float,
+        metavar="SECONDS",
+        help="delete the job this long after it has no tick left (@at passed, end passed, "
+        "max_runs used up)",
+    )
     put.add_argument("--revision", type=_revision, metavar="N", help="compare-and-set")
+    put.add_argument(
+        "--atomic",
+        action="store_true",
+        help="with an array: write nothing if any job is refused",
+    )
+    _add_quiet(put)
     put.set_defaults(handler=_cmd_jobs_put)
 
     rm = verbs.add_parser("rm", help="delete a job")
@@ -250,7 +312,8 @@ def add_jobs(sub: Subparsers) -> None:
 
 def _cmd_jobs_ls(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
-        entries = await admin.all_jobs(args.prefix)
+        with _progress(args, "reading jobs") as bar:
+            entries = await admin.all_jobs(args.prefix, progress=_counting(bar))
         if args.json:
             _print_json(entries)
             return EXIT_OK
@@ -290,7 +353,25 @@ def _cmd_jobs_get(args: argparse.Namespace) -> int:
     return run_admin(args, work)
 
 
-def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+def _counting(bar: Progress) -> Callable[[int, int], None]:
+    def update(done: int, total: int) -> None:
+        bar.set_total(total)
+        bar.update(done)
+
+    return update
+
+
+def _spec_from_args(args: argparse.Namespace) -> JobSpec | list[JobSpec]:
+    found = _read_spec_args(args)
+    # Checked here as well as by the replica: a payload this deep cannot even be encoded
+    # into the request.
+    for spec in found if isinstance(found, list) else [found]:
+        if json_depth(spec.payload) > MAX_PAYLOAD_DEPTH:
+            raise InvalidInput(_TOO_DEEP, "--file" if args.file else "--payload")
+    return found
+
+
+def _read_spec_args(args: argparse.Namespace) -> JobSpec | list[JobSpec]:
     flags = {
         "schedule": args.schedule,
         "tz": args.tz,
@@ -300,6 +381,11 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
         "overlap": args.overlap,
         "subject": args.subject,
         "description": args.description,
+        "start": args.start,
+        "end": args.end,
+        "exclude": args.exclude,
+        "max_runs": args.max_runs,
+        "delete_after": args.delete_after,
     }
     given = {k: v for k, v in flags.items() if v is not None}
     if args.payload is not None:
@@ -307,6 +393,8 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
             given["payload"] = msgspec.json.decode(args.payload)
         except msgspec.DecodeError as exc:
             raise InvalidInput(f"is not JSON: {exc}", "--payload") from None
+        except RecursionError:
+            raise InvalidInput(_TOO_DEEP, "--payload") from None
     if args.tags is not None:
         given["tags"] = [t.strip() for t in args.tags.split(",") if t.strip()]
     if args.paused:
@@ -319,6 +407,12 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
                 "--file",
             )
         spec = _read_spec(args.file)
+        if isinstance(spec, list):
+            if args.name or args.revision is not None:
+                where = "JOB" if args.name else "--revision"
+                raise InvalidInput("goes with a single job spec, not an array of them", where)
+            _check_unique(spec, args.file)
+            return spec
         if args.name and args.name != spec.name:
             raise InvalidInput(f"{args.name!r} does not match the file's name {spec.name!r}", "JOB")
         return spec
@@ -330,7 +424,7 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
         raise InvalidInput(str(exc), "job") from None
 
 
-def _read_spec(path: str) -> JobSpec:
+def _read_spec(path: str) -> JobSpec | list[JobSpec]:
     try:
         if path == "-":
             data = sys.stdin.buffer.read()
@@ -340,13 +434,28 @@ def _read_spec(path: str) -> JobSpec:
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror}", "--file") from None
     try:
-        return msgspec.json.decode(data, type=JobSpec)
+        return msgspec.json.decode(data, type=JobSpec | list[JobSpec])
     except msgspec.MsgspecError as exc:
-        raise InvalidInput(f"{path}: not a job spec: {exc}", "--file") from None
+        raise InvalidInput(f"{path}: not a job spec or an array of them: {exc}", "--file") from None
+    except RecursionError:
+        raise InvalidInput(f"{path}: {_TOO_DEEP}", "--file") from None
+
+
+def _check_unique(specs: Sequence[JobSpec], path: str) -> None:
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    for i, spec in enumerate(specs):
+        if spec.name in seen:
+            problems.append(Problem(f"{path}: [{i}].name", f"{spec.name!r} appears twice"))
+        seen.add(spec.name)
+    if problems:
+        raise InvalidInput(problems)
 
 
 def _cmd_jobs_put(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
+    if isinstance(spec, list):
+        return _put_many(args, spec)
 
     async def work(admin: AdminClient) -> int:
         result = await admin.put_job(spec, args.revision)
@@ -358,6 +467,108 @@ def _cmd_jobs_put(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return run_admin(args, work)
+
+
+def _put_many(args: argparse.Namespace, specs: list[JobSpec]) -> int:
+    async def work(admin: AdminClient) -> int:
+        puts: list[tuple[JobSpec, int | None]] = [(spec, None) for spec in specs]
+        answers, written = await _write_with_progress(args, admin, puts, [])
+        return _report(args, answers[: len(puts)], answers[len(puts) :], written=written)
+
+    return run_admin(args, work)
+
+
+async def _write_with_progress(
+    args: argparse.Namespace,
+    admin: AdminClient,
+    puts: Sequence[tuple[JobSpec, int | None]],
+    deletes: Sequence[tuple[str, int | None]],
+) -> tuple[list[JobOutcome], bool]:
+    """Writes and deletions through ``jobs.bulk`` with a progress bar; the answers (puts
+    first) and whether anything was written. With ``--atomic`` every item is checked first
+    (a dry run) and nothing is written if any is refused; with ``--dry-run`` only checked."""
+    count = len(puts) + len(deletes)
+    check_first = getattr(args, "atomic", False) or getattr(args, "dry_run", False)
+    with _progress(args, "checking jobs" if check_first else "writing jobs", count) as bar:
+        if check_first:
+            checked = await admin.write_jobs(puts, deletes, dry_run=True, progress=bar.update)
+            answers = [*checked[0], *checked[1]]
+            if getattr(args, "dry_run", False):
+                return answers, False
+            if _refusals(answers):
+                return _held_back(answers), False
+            bar.stage("writing jobs", count)
+        done = await admin.write_jobs(puts, deletes, atomic=check_first, progress=bar.update)
+    return [*done[0], *done[1]], True
+
+
+def _held_back(answers: Sequence[JobOutcome]) -> list[JobOutcome]:
+    """The answers of a check with refusals, as the atomic write would have given them."""
+    from .admin.api import JobOutcome
+
+    refused = {id(a) for a in _refusals(answers)}
+    return [
+        a if id(a) in refused else JobOutcome(name=a.name, outcome="skipped", revision=a.revision)
+        for a in answers
+    ]
+
+
+_OUTCOME_VERBS = {"created": "created", "updated": "updated", "unchanged": "unchanged"}
+
+
+def _refusals(answers: Sequence[JobOutcome]) -> list[JobOutcome]:
+    return [a for a in answers if a.outcome in ("refused", "conflict", "failed")]
+
+
+def _report(
+    args: argparse.Namespace,
+    puts: Sequence[JobOutcome],
+    deletes: Sequence[JobOutcome],
+    *,
+    written: bool,
+) -> int:
+    """Print every answer of a bulk write (refusals on stderr) and return the exit code: 2 when
+    a job was refused or in conflict, 1 when NATS did not confirm a write, else 0."""
+    answers = [*puts, *deletes]
+    if args.json:
+        _print_json(answers)
+    elif written:
+        lines = [
+            f"{a.name}: {a.outcome} (revision {a.revision})"
+            for a in puts
+            if a.outcome in _OUTCOME_VERBS
+        ]
+        lines += [f"{a.name}: deleted" for a in deletes if a.outcome == "deleted"]
+        _emit(lines)
+    _print_refusals(args, answers, written=written)
+    return _exit_code(answers)
+
+
+def _print_refusals(
+    args: argparse.Namespace, answers: Sequence[JobOutcome], *, written: bool
+) -> None:
+    bad = _refusals(answers)
+    for answer in bad:
+        details = "; ".join(
+            f"{p.field}: {p.message}" if p.field else p.message for p in answer.problems
+        )
+        print(
+            f"hrwcron {args.command}: {answer.name}: {answer.outcome}: {details}", file=sys.stderr
+        )
+    if bad and not written:
+        print(
+            f"hrwcron {args.command}: {len(bad)} refused; nothing written (--atomic)",
+            file=sys.stderr,
+        )
+
+
+def _exit_code(answers: Sequence[JobOutcome]) -> int:
+    outcomes = {a.outcome for a in answers}
+    if outcomes & {"refused", "conflict"}:
+        return EXIT_REFUSED
+    if "failed" in outcomes:
+        return EXIT_SERVER
+    return EXIT_OK
 
 
 def _cmd_jobs_rm(args: argparse.Namespace) -> int:
@@ -395,7 +606,9 @@ def add_trigger(sub: Subparsers) -> None:
         help="fire a job now, outside its schedule (admin API)",
         description=(
             "Publish a trigger for JOB now, through the same claim and fenced publish as a "
-            "scheduled tick. Its tick key is JOB:manual:ID; the same --id never fires twice."
+            "scheduled tick. Its tick key is JOB:manual:ID; the same --id never fires twice "
+            "while the trigger stream keeps the job's triggers (looking it up there takes a "
+            "few seconds for a job that fires every second)."
         ),
         epilog="example:\n  hrwcron trigger reports.daily --id rerun-2026-03-07",
         formatter_class=_FORMATTER,
@@ -409,7 +622,8 @@ def add_trigger(sub: Subparsers) -> None:
 
 def _cmd_trigger(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
-        result = await admin.trigger(args.name, args.id)
+        wait = max(60.0, args.timeout) if args.id else None  # the id is looked up in the stream
+        result = await admin.trigger(args.name, args.id, timeout=wait)
         if args.json:
             _print_json(result)
         elif result.outcome == "started":
@@ -474,24 +688,85 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
 def add_status(sub: Subparsers) -> None:
     p = sub.add_parser(
         "status",
-        help="members, and per job its owner, failover order, next due and last trigger",
+        help="members, a summary, and the jobs due soonest with owner, failover and last trigger",
         description=(
             "Show the cluster as the answering replica sees it: every member with its "
-            "heartbeat age, weight, tags and job-table digest, then every job with its owner, "
-            "failover order, next due instant and last trigger."
+            "heartbeat age, weight, tags and job-table digest; a summary of every job (how "
+            "many, paused, bad specs, owned per member, ticks missed in the last hour); then "
+            "the jobs due soonest, each with its owner, failover order, next firing and last "
+            "trigger. The table shows what fits the terminal (--limit N for another count, "
+            "--all for every job, paged through)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  hrwcron status\n"
+            "  hrwcron status --prefix reports. --limit 100\n"
+            "  hrwcron status --all --json > status.json\n"
+            "  hrwcron status reports.daily"
         ),
         formatter_class=_FORMATTER,
     )
     p.add_argument("name", metavar="JOB", nargs="?", type=_job_name, help="one job only")
     p.add_argument("--prefix", default="", help="only jobs whose name starts with this")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument(
+        "--limit",
+        type=_status_limit,
+        metavar="N",
+        help="show the N jobs due soonest (default: as many as fit the terminal, "
+        f"{_screenful(24)} when it is not one)",
+    )
+    size.add_argument("--all", action="store_true", help="show every job, soonest due first")
     _add_json(p)
+    _add_quiet(p)
     add_connection_options(p)
     p.set_defaults(handler=_cmd_status)
 
 
+def _status_limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a whole number of at least 1")
+    return value
+
+
+def _screenful(lines: int) -> int:
+    return max(MIN_STATUS_ROWS, lines - STATUS_CHROME)
+
+
+async def _status_pages(args: argparse.Namespace, admin: AdminClient) -> StatusReply:
+    """The first page's members and summary with the jobs of as many pages as asked for."""
+    from .admin.api import MAX_STATUS
+
+    wanted = None if args.all else args.limit or _screenful(shutil.get_terminal_size().lines)
+    first: StatusReply | None = None
+    with _progress(args, "reading status") as bar:
+        after = ""
+        while True:
+            left = MAX_STATUS if wanted is None else wanted - (len(first.jobs) if first else 0)
+            page = await admin.status(
+                args.name or "", args.prefix, min(left, MAX_STATUS), after=after, order="due"
+            )
+            if first is None:
+                first = page
+            else:
+                first.jobs.extend(page.jobs)
+            bar.set_total(wanted or first.total_jobs)
+            bar.update(len(first.jobs))
+            done = wanted is not None and len(first.jobs) >= wanted
+            if not page.next or done:
+                first.truncated = bool(page.next)
+                first.next = page.next
+                return first
+            after = page.next
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
-        reply = await admin.status(args.name or "", args.prefix, limit=10_000)
+        reply = await _status_pages(args, admin)
         if args.json:
             _print_json(reply)
             return EXIT_OK
@@ -515,11 +790,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
             ["MEMBER", "STATE", "READY", "AGE", "WEIGHT", "TAGS", "DIGEST", "JOBS", "VERSION"],
             member_rows,
         )
-        lines.append("")
+        lines += ["", *_summary_lines(reply), ""]
         job_rows = [
             [
                 j.name,
                 j.schedule + ("" if j.tz == "UTC" else f" ({j.tz})"),
+                j.state + ("" if j.runs_left is None else f" ({j.runs_left} runs left)"),
                 "paused" if j.paused else (j.owner or "NO CANDIDATE"),
                 ",".join(j.order[1:]) or "-",
                 _short(j.next_fire),
@@ -529,14 +805,31 @@ def _cmd_status(args: argparse.Namespace) -> int:
             for j in reply.jobs
         ]
         lines += _table(
-            ["JOB", "SCHEDULE", "OWNER", "FAILOVER", "NEXT", "LAST TRIGGER", "TAGS"], job_rows
+            ["JOB", "SCHEDULE", "STATE", "OWNER", "FAILOVER", "NEXT", "LAST TRIGGER", "TAGS"],
+            job_rows,
         )
+        lines += [f"{j.name}: BAD: {j.problem}" for j in reply.jobs if j.problem]
         if reply.truncated:
-            lines.append(f"... {reply.total_jobs - len(reply.jobs)} more (use --prefix)")
+            lines.append(
+                f"showing the {len(reply.jobs):,} of {reply.total_jobs:,} jobs due soonest; "
+                "--limit N for more, --all for every one"
+            )
         _emit(lines)
         return EXIT_OK
 
     return run_admin(args, work)
+
+
+def _summary_lines(reply: StatusReply) -> list[str]:
+    s = reply.summary
+    owned = ", ".join(f"{node} {count:,}" for node, count in s.owned.items()) or "nobody"
+    if s.no_owner:
+        owned += f"; {s.no_owner:,} with no eligible member"
+    return [
+        f"jobs: {s.jobs:,} ({s.paused:,} paused, {s.bad:,} bad); "
+        f"missed in the last hour: {s.missed_last_hour:,}",
+        f"owned: {owned}",
+    ]
 
 
 def add_history(sub: Subparsers) -> None:
@@ -602,23 +895,37 @@ def add_apply(sub: Subparsers) -> None:
         description=(
             "Create or update every job in FILE (a TOML configuration file with [[jobs]], or "
             "a JSON array of job specs) through the admin API, printing the diff first. "
-            "--prune also deletes jobs that are not in FILE; --dry-run only prints the diff. "
-            "Every write is compare-and-set against the revision the diff read, so an edit "
-            "made meanwhile stops the apply instead of being overwritten. Without --config "
-            "or --nats-url the connection settings come from FILE (when it is TOML)."
+            "--prune also deletes jobs that are not in FILE; --dry-run prints the diff and "
+            "has the replicas check every change without writing anything. Every write is "
+            "compare-and-set against the revision the diff read, so an edit made meanwhile "
+            "is reported as a conflict instead of being overwritten. Changes go in requests "
+            "as large as the server allows, several in flight; each job is answered on its "
+            "own, and a refused job (invalid, or its subject is another job's) is listed on "
+            "stderr without stopping the others (exit 2). --atomic first has every change "
+            "checked and writes nothing if any is refused; what it cannot cover is a "
+            "concurrent writer changing a job between that check and its write, which is "
+            "reported for that job as a conflict while the rest is written. Without "
+            "--config or --nats-url the connection settings come from FILE (when it is TOML)."
         ),
         epilog="example:\n  hrwcron apply examples/hrwcron.toml --prune --dry-run",
         formatter_class=_FORMATTER,
     )
     p.add_argument("file", metavar="FILE")
     p.add_argument("--prune", action="store_true", help="delete jobs that are not in FILE")
-    p.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the diff and check it, write nothing"
+    )
+    p.add_argument("--atomic", action="store_true", help="write nothing if any change is refused")
     _add_json(p)
+    _add_quiet(p)
     add_connection_options(p)
     p.set_defaults(handler=_cmd_apply)
 
 
 def _jobs_from_file(path: str) -> list[JobSpec]:
+    """The specs of FILE. A JSON array is checked for its shape and for names given twice
+    here; the rules of each spec are the replicas' to check, with their own settings (subject
+    prefix, payload limit), and a spec they refuse does not hold up the others."""
     if not path.endswith(".json"):
         return list(load_config(path, os.environ).jobs)
     try:
@@ -630,72 +937,87 @@ def _jobs_from_file(path: str) -> list[JobSpec]:
         specs = msgspec.json.decode(data, type=list[JobSpec])
     except msgspec.MsgspecError as exc:
         raise InvalidInput(f"not a JSON array of job specs: {exc}", path) from None
-    problems: list[Problem] = []
-    seen: set[str] = set()
+    except RecursionError:
+        raise InvalidInput(_TOO_DEEP, path) from None
     for i, spec in enumerate(specs):
-        problems += [Problem(f"{path}: [{i}].{p.where}", p.message) for p in spec.problems()]
-        if spec.name in seen:
-            problems.append(Problem(f"{path}: [{i}].name", f"{spec.name!r} appears twice"))
-        seen.add(spec.name)
-    if problems:
-        raise InvalidInput(problems)
+        if json_depth(spec.payload) > MAX_PAYLOAD_DEPTH:
+            raise InvalidInput(_TOO_DEEP, f"{path}: [{i}].payload")
+    _check_unique(specs, path)
     return specs
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
     from .admin.client import ApiJobs
-    from .jobsync import apply_diff, diff_jobs
+    from .jobsync import diff_jobs
 
     specs = _jobs_from_file(args.file)
     fallback = None if args.file.endswith(".json") else args.file
     config = connection_config(args, fallback=fallback)
 
     async def work(admin: AdminClient) -> int:
-        store = ApiJobs(admin)
-        diff = await diff_jobs(store, specs, prune=args.prune)
-        if args.json:
-            _print_json(
-                {
-                    "create": [s.name for s in diff.create],
-                    "update": [s.name for s, _ in diff.update],
-                    "delete": [n for n, _ in diff.delete],
-                    "unchanged": diff.unchanged,
-                    "dry_run": args.dry_run,
-                }
-            )
-        else:
-            _emit(diff.lines() or ["no changes"])
-        if diff.empty or args.dry_run:
-            return EXIT_OK
-        try:
-            await apply_diff(store, diff)
-        except HrwcronError as exc:
-            _fail(args, f"apply stopped: {exc}; run it again to see what is left")
-            return EXIT_SERVER
+        with _progress(args, "reading jobs") as bar:
+            store = ApiJobs(admin, progress=_counting(bar))
+            now = int(time.time() * 1000)
+            diff = await diff_jobs(store, specs, prune=args.prune, now_ms=now)
         if not args.json:
-            _emit(
-                [
-                    f"applied: {len(diff.create)} created, {len(diff.update)} updated, "
-                    f"{len(diff.delete)} deleted"
-                ]
-            )
-        return EXIT_OK
+            _emit(diff.lines() or ["no changes"])
+        puts = [(spec, 0) for spec in diff.create] + list(diff.update)
+        answers: list[JobOutcome] = []
+        written = False
+        if not diff.empty:
+            answers, written = await _write_with_progress(args, admin, puts, diff.delete)
+        puts_answered, deletes_answered = answers[: len(puts)], answers[len(puts) :]
+        if args.json:
+            doc: dict[str, Any] = {
+                "create": [s.name for s in diff.create],
+                "update": [s.name for s, _ in diff.update],
+                "delete": [n for n, _ in diff.delete],
+                "unchanged": diff.unchanged,
+                "expired": [name for name, _ in diff.expired],
+                "dry_run": args.dry_run,
+            }
+            refused = _refusals(answers)
+            if refused:
+                doc["refused"] = refused
+            _print_json(doc)
+        _print_refusals(args, answers, written=written or args.dry_run)
+        if written and not args.json:
+            _emit([_applied_line(puts_answered, deletes_answered)])
+        return _exit_code(answers)
 
     return run_admin(args, work, config=config)
+
+
+def _applied_line(puts: Sequence[JobOutcome], deletes: Sequence[JobOutcome]) -> str:
+    counts = {o: 0 for o in ("created", "updated", "deleted")}
+    for answer in (*puts, *deletes):
+        if answer.outcome in counts:
+            counts[answer.outcome] += 1
+    line = (
+        f"applied: {counts['created']} created, {counts['updated']} updated, "
+        f"{counts['deleted']} deleted"
+    )
+    left = len(_refusals([*puts, *deletes]))
+    return line + (f"; {left} not applied (listed on stderr)" if left else "")
 
 
 # --- `hrwcron next JOB` -------------------------------------------------------------------
 
 
-def job_schedule(args: argparse.Namespace) -> tuple[str, str]:
-    """The schedule and time zone of the job ``args.expr`` names, read through the API."""
-    found: list[tuple[str, str]] = []
+def job_schedule(args: argparse.Namespace) -> tuple[JobSpec, int | None]:
+    """The spec of the job ``args.expr`` names, and its runs left when it has max_runs,
+    read through the API."""
+    found: list[tuple[JobSpec, int | None]] = []
 
     async def work(admin: AdminClient) -> int:
         entry = await admin.get_job(args.expr)
         if entry.spec is None:
             raise InvalidInput(f"job {args.expr!r} is stored but invalid: {entry.error}", "JOB")
-        found.append((entry.spec.schedule, entry.spec.tz))
+        left = None
+        if entry.spec.max_runs is not None:
+            reply = await admin.status(args.expr, limit=1)
+            left = reply.jobs[0].runs_left if reply.jobs else None
+        found.append((entry.spec, left))
         return EXIT_OK
 
     code = run_admin(args, work)
@@ -712,12 +1034,13 @@ class _ServerFailure(HrwcronError):
         self.code = code
 
 
-def next_for_job(args: argparse.Namespace, emit: Callable[[str, str], int]) -> int:
-    """Runs ``emit(schedule, tz)`` for the job named by ``args.expr``; returns an exit code."""
+def next_for_job(args: argparse.Namespace, emit: Callable[[JobSpec, int | None], int]) -> int:
+    """Runs ``emit(spec, runs_left)`` for the job named by ``args.expr``; returns an exit
+    code."""
     if args.tz is not None:
         raise InvalidInput("a job's schedule uses the job's own time zone; drop --tz", "--tz")
     try:
-        schedule, tz = job_schedule(args)
+        spec, left = job_schedule(args)
     except _ServerFailure as exc:
         return exc.code
-    return emit(schedule, tz)
+    return emit(spec, left)

@@ -33,10 +33,12 @@ def add_provision(sub: Subparsers) -> None:
         help="create or verify hrwcron's buckets and trigger stream",
         description=(
             "Connect to NATS as configured, check the server version, and create the members, "
-            "claims, jobs and run-marker buckets and the trigger stream when they are missing. "
-            "Existing ones are verified, never changed; a setting that contradicts what hrwcron "
-            "needs is reported with what to change, and the command exits 1. Prints one line "
-            "per resource saying whether it was created or already existed."
+            "claims, jobs and run-marker buckets, the worker SDK's processed bucket and the "
+            "trigger stream when they are missing. Existing ones are verified, never changed; "
+            "a setting that contradicts what hrwcron needs (including replicas or storage that "
+            "differ from scheduler.replicas and scheduler.storage) is reported with what to "
+            "change, and the command exits 1. Prints one line per resource saying whether it "
+            "was created or already existed."
         ),
         epilog=(
             "example:\n"
@@ -89,8 +91,18 @@ def _cmd_provision(args: argparse.Namespace) -> int:
 
 def _resources(config: Config) -> list[tuple[str, str]]:
     """(label, JetStream stream name) of everything hrwcron keeps, in provisioning order."""
+    from .app import layout
+
     s = config.scheduler
-    buckets = (s.members_bucket, s.claims_bucket, s.jobs_bucket, s.runs_bucket)
+    processed = layout(config).processed_bucket
+    buckets = (
+        s.members_bucket,
+        s.claims_bucket,
+        s.jobs_bucket,
+        s.runs_bucket,
+        s.counts_bucket,
+        processed,
+    )
     return [(f"bucket {b}", f"KV_{b}") for b in buckets] + [(f"stream {s.stream}", s.stream)]
 
 
@@ -100,8 +112,10 @@ async def provision_report(config: Config) -> list[str]:
     from nats.errors import TimeoutError as NatsTimeout
     from nats.js.errors import NotFoundError
 
-    from .app import open_stores
+    from .app import layout, open_stores
     from .jetstream.connect import connect
+    from .jetstream.provision import provision
+    from .model import DEFAULT_MAX_LATENESS
 
     resources = _resources(config)
     hint = _timeout_hint(resources[0][1])
@@ -128,6 +142,10 @@ async def provision_report(config: Config) -> list[str]:
         raise NatsSetupError(hint) from None
     try:
         js = stores.client.jetstream()
+        # What replicas create at start-up is in place; now the worker SDK's bucket, and the
+        # replicas and storage of everything (a replica at start-up does not refuse those).
+        longest = max([job.max_lateness for job in config.jobs] + [DEFAULT_MAX_LATENESS])
+        await provision(js, layout(config), longest, for_workers=True)
         lines = []
         for label, name in resources:
             info = await js.stream_info(name)

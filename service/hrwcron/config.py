@@ -9,6 +9,7 @@ file in one round trip. Secrets (passwords, tokens, credentials inside server UR
 from __future__ import annotations
 
 import contextlib
+import datetime
 import difflib
 import math
 import os
@@ -25,7 +26,13 @@ import msgspec
 
 from .errors import ConfigError, Problem, ScheduleError
 from .failpoints import ENV as FAILPOINTS_ENV
-from .model import DEFAULT_MAX_LATENESS, DEFAULT_MAX_PAYLOAD, DEFAULT_SUBJECT_PREFIX, JobSpec
+from .model import (
+    DEFAULT_MAX_LATENESS,
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_SUBJECT_PREFIX,
+    TRIGGER_ENVELOPE,
+    JobSpec,
+)
 from .schedule import parse_duration
 
 MASK = "***"
@@ -47,6 +54,7 @@ _BUCKET = re.compile(r"[A-Za-z0-9_-]{1,255}")
 _STREAM = re.compile(r"[!-~]{1,255}")
 _STREAM_FORBIDDEN = set(".*>/\\")
 _MAX_NATS_PAYLOAD = 64 * 1024 * 1024
+NATS_DEFAULT_MAX_PAYLOAD = 1024 * 1024
 _TOML_POSITION = re.compile(r"\s*\(at (line \d+, column \d+|end of document)\)$")
 
 Storage = Literal["file", "memory"]
@@ -138,10 +146,14 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     claims_bucket: str = "hrwcron_claims"
     jobs_bucket: str = "hrwcron_jobs"
     runs_bucket: str = "hrwcron_runs"
+    counts_bucket: str = "hrwcron_counts"
     stream: str = "HRWCRON_TRIGGERS"
     subject_prefix: str = DEFAULT_SUBJECT_PREFIX
     replicas: int = 1
     storage: Storage = "file"
+    # Claims only stop replicas from doing the same work twice: the trigger stream's Msg-Id
+    # and subject-sequence fencing are what stop a duplicate, so claims need no disk.
+    claims_storage: Storage = "memory"
     duplicate_window: float = 600.0
     stream_max_age: float = 86400.0
     apply_jobs: bool = True
@@ -230,11 +242,11 @@ _DURATIONS: dict[str, tuple[str, ...]] = {
     ),
     "http": (),
     "telemetry": (),
-    "jobs": ("max_lateness", "jitter"),
+    "jobs": ("max_lateness", "jitter", "delete_after"),
 }
 _SECRET_PATHS = frozenset(f"nats.{k}" for k in _SECRET_KEYS)
 _FILE_KEYS = ("creds", "nkey_seed", "tls_ca", "tls_cert", "tls_key")
-_BUCKET_KEYS = ("members_bucket", "claims_bucket", "jobs_bucket", "runs_bucket")
+_BUCKET_KEYS = ("members_bucket", "claims_bucket", "jobs_bucket", "runs_bucket", "counts_bucket")
 _ENV_ALIASES: dict[str, tuple[str, str]] = {
     "HRWCRON_NATS_URL": ("nats", "servers"),
     "HRWCRON_NODE_ID": ("scheduler", "node_id"),
@@ -346,6 +358,10 @@ def _coerce(value: Any, typ: Any, *, duration: bool, from_env: bool, secret: boo
     if typ is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, datetime.date | datetime.time):
+            # A TOML date or date-time written without quotes (start, end, exclude): the same
+            # text in ISO form, so it is validated like a quoted one.
+            return value.isoformat()
         raise _bad(f"expected a string, got {_shown(value, secret)}")
     raise TypeError(f"no conversion to {typ!r}")  # a new field type needs a branch above
 
@@ -541,6 +557,9 @@ def parse_config(
         where = found.group(1) if found else ""
         detail = message[: found.start()] if found else message
         raise ConfigFileError([Problem(where, f"invalid TOML: {detail}")], source) from None
+    except RecursionError:
+        problem = Problem("", "invalid TOML: arrays or tables nested too deeply")
+        raise ConfigFileError([problem], source) from None
     return _build(raw, source, env, base_dir, c)
 
 
@@ -760,6 +779,12 @@ def _check_scheduler(s: SchedulerConfig, c: _Collector) -> None:
             f"{s.subject_prefix[:80]!r}: dot-separated tokens of letters, digits, _ or - "
             "(no wildcards or empty tokens)",
         )
+    elif len(tokens) > 8 or len(s.subject_prefix) > 255:
+        # With a job name after it, a default subject stays within the trigger subject limits.
+        c.add(
+            "scheduler.subject_prefix",
+            f"{s.subject_prefix[:80]!r}: at most 8 tokens and 255 characters",
+        )
 
 
 def _check_http(h: HttpConfig, c: _Collector) -> None:
@@ -837,6 +862,15 @@ def config_warnings(config: Config) -> list[Problem]:
                 "scheduler.membership_refresh",
                 f"is not shorter than member_ttl ({s.member_ttl:g} s): the membership view goes "
                 "stale between refreshes and the replica stops claiming",
+            )
+        )
+    if s.max_payload + TRIGGER_ENVELOPE > NATS_DEFAULT_MAX_PAYLOAD:
+        found.append(
+            Problem(
+                "scheduler.max_payload",
+                f"plus a trigger's envelope ({TRIGGER_ENVELOPE} bytes) is more than "
+                f"nats-server's default max_payload ({NATS_DEFAULT_MAX_PAYLOAD} bytes): a "
+                "replica refuses to start unless the server's max_payload is raised to match",
             )
         )
     return found

@@ -1,5 +1,6 @@
 """``hrwcron dev``: an embedded nats-server, three replicas as processes, sample jobs, and every
-trigger printed as it arrives. Ctrl-C stops all of it and removes the temporary directory."""
+trigger printed as it arrives. Ctrl-C at any moment, start-up included, stops all of it and
+removes the temporary directory; a second Ctrl-C kills everything at once."""
 
 from __future__ import annotations
 
@@ -16,10 +17,16 @@ import msgspec
 
 from . import hrw
 from .app import open_stores
+from .children import die_with_parent
 from .config import Config, NatsConfig
 from .embedded import EmbeddedServer
+from .errors import HrwcronError
 from .jobsync import apply_diff, diff_jobs
 from .model import Heartbeat, JobSpec, TriggerMessage
+
+# A replica stops within a second or two; one that does not (stuck, paused) is killed.
+REPLICA_STOP_TIMEOUT = 5.0
+EXIT_INTERRUPTED = 130
 
 SAMPLE_JOBS = [
     JobSpec(name="heartbeat.fast", schedule="@every 1s", payload={"sample": True}),
@@ -42,6 +49,9 @@ def _stamp(epoch_ms: float) -> str:
 
 
 class DevRun:
+    """The playground's processes. Replicas run in sessions of their own, so a Ctrl-C reaches
+    only this process, which stops them before the server; all of them die with it."""
+
     def __init__(self, replicas: int) -> None:
         self.replicas = replicas
         self.server = EmbeddedServer()
@@ -58,42 +68,60 @@ class DevRun:
                 HRWCRON_LOG_LEVEL="warning",
             )
             self.children.append(
-                subprocess.Popen([sys.executable, "-m", "hrwcron", "run"], env=env)
+                subprocess.Popen(
+                    [sys.executable, "-m", "hrwcron", "run"],
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(),
+                )
             )
             print(
                 f"replica scheduler-{index}: pid {self.children[-1].pid}, "
-                f"http://127.0.0.1:{port}/ (metrics, readyz, status page)"
-            )
-
-    async def run(self, stop: asyncio.Event) -> None:
-        self.server.start()
-        print(f"nats-server with JetStream at {self.server.url} (store {self.server.directory})")
-        config = Config(nats=NatsConfig(servers=[self.server.url]))
-        stores = await open_stores(config)
-        await apply_diff(stores.jobs, await diff_jobs(stores.jobs, SAMPLE_JOBS, prune=False))
-        for spec in SAMPLE_JOBS:
-            print(f"job {spec.name:<18} {spec.schedule:<16} {spec.tz}")
-        self._spawn_replicas()
-        print("time (UTC)    job                due (UTC)      late    node   (Ctrl-C stops)")
-
-        async def on_trigger(msg: object) -> None:
-            try:
-                trigger = msgspec.json.decode(msg.data, type=TriggerMessage)  # type: ignore[attr-defined]
-            except msgspec.MsgspecError:
-                return
-            late = time.time() * 1000 - trigger.due_ms
-            print(
-                f"{_stamp(time.time() * 1000)}  {trigger.job:<18} {_stamp(trigger.due_ms)}  "
-                f"{late:5.0f} ms  {trigger.node}",
+                f"http://127.0.0.1:{port}/ (metrics, readyz, status page)",
                 flush=True,
             )
 
-        await stores.client.subscribe(f"{config.scheduler.subject_prefix}.>", cb=on_trigger)
-        watcher = asyncio.create_task(self._watch_members(stores.members))
-        await stop.wait()
-        watcher.cancel()
-        with contextlib.suppress(Exception):
-            await stores.client.drain()
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start everything, then print triggers until ``stop``. Cancelling it at any await,
+        start-up included, leaves what was started to :meth:`shutdown`."""
+        await self.server.start()
+        print(
+            f"nats-server with JetStream at {self.server.url} (store {self.server.directory})",
+            flush=True,
+        )
+        config = Config(nats=NatsConfig(servers=[self.server.url]))
+        stores = await open_stores(config)
+        watcher: asyncio.Task[None] | None = None
+        try:
+            await apply_diff(stores.jobs, await diff_jobs(stores.jobs, SAMPLE_JOBS, prune=False))
+            for spec in SAMPLE_JOBS:
+                print(f"job {spec.name:<18} {spec.schedule:<16} {spec.tz}")
+            self._spawn_replicas()
+            print(
+                "time (UTC)    job                due (UTC)      late    node   (Ctrl-C stops)",
+                flush=True,
+            )
+
+            async def on_trigger(msg: object) -> None:
+                try:
+                    trigger = msgspec.json.decode(msg.data, type=TriggerMessage)  # type: ignore[attr-defined]
+                except msgspec.MsgspecError:
+                    return
+                late = time.time() * 1000 - trigger.due_ms
+                print(
+                    f"{_stamp(time.time() * 1000)}  {trigger.job:<18} {_stamp(trigger.due_ms)}  "
+                    f"{late:5.0f} ms  {trigger.node}",
+                    flush=True,
+                )
+
+            await stores.client.subscribe(f"{config.scheduler.subject_prefix}.>", cb=on_trigger)
+            watcher = asyncio.create_task(self._watch_members(stores.members))
+            await stop.wait()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(stores.client.close(), timeout=1.0)
 
     async def _watch_members(self, members: object) -> None:
         live: dict[str, Heartbeat] = {}
@@ -115,19 +143,33 @@ class DevRun:
             live = current
             await asyncio.sleep(0.5)
 
-    def shutdown(self) -> None:
+    async def shutdown(self, timeout: float = REPLICA_STOP_TIMEOUT) -> None:
+        """Replicas first (SIGTERM: they leave the membership), then the server. Waits in a
+        thread, so the event loop still hears a second Ctrl-C and can :meth:`kill`."""
         for child in self.children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 6
+        await asyncio.to_thread(self._wait_replicas, time.monotonic() + timeout)
+        self._kill_replicas(wait=True)
+        await self.server.stop()
+        print("stopped: replicas, nats-server, temporary directory removed", flush=True)
+
+    def kill(self, *, wait: bool = True) -> None:
+        """Everything at once (SIGKILL) and the temporary directory removed."""
+        self._kill_replicas(wait=wait)
+        self.server.kill(wait=wait)
+
+    def _wait_replicas(self, deadline: float) -> None:
         for child in self.children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(max(0.0, deadline - time.monotonic()))
+
+    def _kill_replicas(self, *, wait: bool) -> None:
+        for child in self.children:
+            if child.poll() is None:
                 child.kill()
+            if wait:
                 child.wait()
-        self.server.stop()
-        print("stopped: replicas, nats-server, temporary directory removed")
 
 
 def run_dev(replicas: int = 3) -> int:
@@ -136,12 +178,35 @@ def run_dev(replicas: int = 3) -> int:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if stop.is_set():
+                dev.kill(wait=False)
+                print("stopped at once: replicas and nats-server killed", flush=True)
+                os._exit(EXIT_INTERRUPTED)
+            stop.set()
+            print("stopping (Ctrl-C again to stop at once)", flush=True)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await dev.run(stop)
+            loop.add_signal_handler(sig, on_signal)
+        playground = asyncio.create_task(dev.run(stop))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({playground, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        # A stop during start-up cancels the start-up where it is instead of finishing it.
+        playground.cancel()
+        try:
+            await playground
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await dev.shutdown()
 
     try:
         asyncio.run(main())
+    except HrwcronError as exc:
+        print(f"hrwcron dev: error: {exc}", file=sys.stderr)
+        return 1
     finally:
-        dev.shutdown()
+        dev.kill()  # a no-op after a clean shutdown; anything left after an error
     return 0

@@ -6,7 +6,8 @@ own answer arrives, and the publishes of the ticks whose answers came together g
 next round. Each tick's outcome is its own: a lost claim, a fence conflict, a refusal, an
 error or no answer in time touches that tick only. The rare steps (reading a claim held by
 someone else, taking it over, the overlap check, re-reading a fenced subject) run as their
-own small coroutines inside the batch.
+own small coroutines inside the batch, and so do the rarer still: reading a max_runs job's
+run count, and recording on a claim that the server refused its trigger.
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ from .ports import (
     HEADER_JOB,
     HEADER_KIND,
     HEADER_MSG_ID,
+    HEADER_RUN,
     HEADER_WATERMARK,
     FenceConflict,
     LastTrigger,
     Published,
+    StoreRefused,
     TickSpan,
     TriggerWrite,
 )
-from .ticks import format_ms
+from .ticks import TickId, format_ms
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler, _Job
@@ -39,6 +42,9 @@ log = logging.getLogger("hrwcron.scheduler")
 
 # How often one tick may find its subject moved on and re-read it before giving up for now.
 MAX_FENCES = 5
+# Claim outcomes that resolve a tick without a trigger: the holder skipped it (overlap), or
+# the server refused its trigger (another replica's would be refused the same way).
+CLAIM_RESOLVED = frozenset({"skipped", "rejected"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ class Flight:
         "rank",
         "record",
         "revision",
+        "run",
         "span",
         "step_span",
         "watermark",
@@ -89,15 +96,18 @@ class Flight:
         self.due = due
         self.rank = rank
         self.kind = kind
-        name = job.spec.name
-        self.msg_id = msg_id or f"{name}:{due}"
-        self.claim_key = claim_key or f"{name}.{due}"
+        if not msg_id or not claim_key:
+            tick = TickId(job.spec.name, due)
+            msg_id, claim_key = msg_id or tick.key, claim_key or tick.claim_key
+        self.msg_id = msg_id
+        self.claim_key = claim_key
         self.record: ClaimRecord | None = None
         self.revision = 0
         self.attempt = 0
         self.fences = 0
         self.expected = 0
         self.watermark = 0
+        self.run: int | None = None  # the Hrwcron-Run header of a max_runs job's trigger
         self.span: TickSpan | None = None
         self.step_span: TickSpan | None = None
         self.outcome = ""
@@ -105,7 +115,7 @@ class Flight:
 
 
 # The step a pending answer belongs to.
-_CREATE, _READ, _TAKEOVER, _RUNS, _SKIP, _PUBLISH, _LAST = range(7)
+_CREATE, _READ, _TAKEOVER, _RUNS, _SKIP, _PUBLISH, _LAST, _COUNT, _REJECT = range(9)
 
 
 class _Batch:
@@ -291,6 +301,11 @@ class Dispatcher:
         if step == _PUBLISH:
             self._published(flight, future, error, batch, publishes)
             return
+        if step == _REJECT:
+            # Recorded on the claim or not, the trigger cannot be published: a replica that
+            # does not see the record tries once more and meets the same refusal.
+            self._resolve(flight, "rejected")
+            return
         if flight.step_span is not None:
             if step == _CREATE:
                 flight.step_span.set(
@@ -315,7 +330,7 @@ class Dispatcher:
         elif step == _READ:
             self._read(flight, result, batch, publishes)
         elif step == _TAKEOVER:
-            self._taken_over(flight, result, publishes)
+            self._taken_over(flight, result, batch, publishes)
         elif step == _RUNS:
             self._runs_checked(flight, bool(result), batch, publishes)
         elif step == _SKIP:
@@ -323,7 +338,9 @@ class Dispatcher:
         elif step == _LAST:
             if result is not None:
                 self._s._remember(flight.job.subject, result)
-            self._prepare(flight, publishes)
+            self._prepare(flight, batch, publishes)
+        elif step == _COUNT:
+            self._prepare(flight, batch, publishes)
 
     def _read(
         self,
@@ -344,7 +361,7 @@ class Dispatcher:
             return
         record, revision = held
         flight.attempt = record.attempt
-        if record.outcome == "skipped":
+        if record.outcome in CLAIM_RESOLVED:
             self._resolve(flight, "already_claimed")
             return
         if record.instance == s.instance:
@@ -379,13 +396,15 @@ class Dispatcher:
         self._spawn(batch, flight, _TAKEOVER, write)
         self.replaces += 1
 
-    def _taken_over(self, flight: Flight, revision: int | None, publishes: list[Flight]) -> None:
+    def _taken_over(
+        self, flight: Flight, revision: int | None, batch: _Batch, publishes: list[Flight]
+    ) -> None:
         if revision is None:
             flight.job.claim_seen = None
             self._resolve(flight, "lock_busy")  # another replica took it over first
             return
         flight.revision = revision
-        self._prepare(flight, publishes)  # a takeover never skips: the holder decided that
+        self._prepare(flight, batch, publishes)  # a takeover never skips: the holder decided
 
     def _pre_publish(self, flight: Flight, batch: _Batch, publishes: list[Flight]) -> None:
         runs = self._s._runs
@@ -398,33 +417,39 @@ class Dispatcher:
         ):
             self._spawn(batch, flight, _RUNS, runs.running(job.spec.name))
             return
-        self._prepare(flight, publishes)
+        self._prepare(flight, batch, publishes)
 
     def _runs_checked(
         self, flight: Flight, running: bool, batch: _Batch, publishes: list[Flight]
     ) -> None:
         if not running:
-            self._prepare(flight, publishes)
+            self._prepare(flight, batch, publishes)
             return
+        self._resolve_claim(flight, batch, _SKIP, "skipped")
+
+    def _resolve_claim(self, flight: Flight, batch: _Batch, step: int, outcome: str) -> None:
+        """Record on the claim that the tick is resolved without a trigger, so the others
+        take it as done instead of taking the claim over."""
         s = self._s
         claim = flight.record
         assert claim is not None
-        skipped = ClaimRecord(
+        resolved = ClaimRecord(
             node=claim.node,
             instance=claim.instance,
             attempt=claim.attempt,
             claimed_ms=claim.claimed_ms,
-            outcome="skipped",
+            outcome=outcome,
         )
         write = s._claims.replace(
-            flight.claim_key, skipped, flight.revision, s._claim_ttl(flight.job)
+            flight.claim_key, resolved, flight.revision, s._claim_ttl(flight.job)
         )
-        self._spawn(batch, flight, _SKIP, write)
+        self._spawn(batch, flight, step, write)
         self.replaces += 1
 
-    def _prepare(self, flight: Flight, publishes: list[Flight]) -> None:
+    def _prepare(self, flight: Flight, batch: _Batch, publishes: list[Flight]) -> None:
         """Checks right before publishing, as of now: a replica that woke up late must not
-        publish late, and a subject that already holds this tick or a later one is done."""
+        publish late, a subject that already holds this tick or a later one is done, and a
+        max_runs job numbers its trigger from the subject's newest one (see runcount.py)."""
         s = self._s
         job = flight.job
         due = flight.due
@@ -436,6 +461,17 @@ class Dispatcher:
         if scheduled and last is not None and last.watermark >= due:
             self._resolve(flight, "duplicate" if last.msg_id == flight.msg_id else "fenced")
             return
+        max_runs = job.spec.max_runs
+        if max_runs is not None:
+            counter = s._counter
+            name = job.spec.name
+            if not counter.known(name):
+                self._spawn(batch, flight, _COUNT, counter.load(name))
+                return
+            flight.run = counter.run_number(name, last.run if last else 0, max_runs, scheduled)
+            if flight.run is None:
+                self._resolve(flight, "max_runs")  # the limit was reached before this tick
+                return
         flight.watermark = due if scheduled else (last.watermark if last else 0)
         flight.expected = last.seq if last else 0
         publishes.append(flight)
@@ -456,6 +492,8 @@ class Dispatcher:
                 HEADER_WATERMARK: str(flight.watermark),
                 HEADER_KIND: flight.kind,
             }
+            if flight.run is not None:
+                headers[HEADER_RUN] = str(flight.run)
             if flight.span is not None:
                 flight.step_span = flight.span.start_child(
                     f"publish {job.subject}",
@@ -514,15 +552,28 @@ class Dispatcher:
             s.last.pop(subject, None)
             self._spawn(batch, flight, _LAST, s._triggers.last(subject))
             return
+        if isinstance(error, StoreRefused):
+            if flight.step_span is not None:
+                flight.step_span.set("hrwcron.rejected", str(error))
+            self._end_step(flight)
+            # Sending it again cannot succeed: this tick fails, not the replica.
+            s._mark_bad(flight.job, f"the server refused its trigger: {error}")
+            if flight.kind == "scheduled":
+                self._resolve_claim(flight, batch, _REJECT, "rejected")
+            else:
+                self._resolve(flight, "rejected")  # its caller gives the claim back
+            return
         self._end_step(flight)
         if error is not None:
             self._fail(flight, f"{type(error).__name__}: {error}")
             return
+        job = flight.job
+        job.problem = job.logged = ""
         ack = future.result()
         if ack.duplicate:
             self._resolve(flight, "duplicate")
             return
-        s._remember(subject, LastTrigger(ack.seq, flight.msg_id, flight.watermark))
+        s._remember(subject, LastTrigger(ack.seq, flight.msg_id, flight.watermark, flight.run or 0))
         self._resolve(flight, "started")
 
     # ------------------------------------------------------------------------ outcomes
@@ -546,7 +597,7 @@ class Dispatcher:
     def _fail(self, flight: Flight, error: str) -> None:
         self._end_step(flight)
         flight.error = error
-        log.warning("tick %s: %s", flight.msg_id, error)
+        self._s._log_error(flight.job, flight.msg_id, error)
         if flight.span is not None:
             flight.span.set("error", error)
         self._resolve(flight, "error")

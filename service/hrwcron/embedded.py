@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -11,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .children import die_with_parent
 from .errors import HrwcronError
 
 _LISTENING = re.compile(rb"Listening for client connections on [^\s]*:(\d+)")
@@ -31,7 +34,8 @@ def server_binary() -> str:
 
 
 class EmbeddedServer:
-    """Started by :meth:`start`, stopped by PID in :meth:`stop`; its store is removed."""
+    """Started by :meth:`start`, stopped by PID in :meth:`stop` or :meth:`kill`; its store is
+    removed. The server dies with this process even when this process is killed."""
 
     def __init__(self) -> None:
         self.directory = ""
@@ -42,9 +46,28 @@ class EmbeddedServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> None:
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    async def start(self, timeout: float = 10.0) -> None:
+        """Waits on the event loop, so a Ctrl-C during start-up is handled at once."""
+        self._launch()
+        deadline = time.monotonic() + timeout
+        while True:
+            port = self._ready_port()
+            if port:
+                self.port = port
+                return
+            if not self.running or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        text = self._log_text()
+        self.kill()
+        raise HrwcronError(f"nats-server did not start: {text.decode(errors='replace')[-2000:]}")
+
+    def _launch(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="hrwcron-dev-")
-        log_path = os.path.join(self.directory, "nats-server.log")
         self._process = subprocess.Popen(
             [
                 server_binary(),
@@ -56,33 +79,45 @@ class EmbeddedServer:
                 "-p",
                 "-1",
                 "-l",
-                log_path,
+                self._log_path,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches us, and we stop the server in order
+            preexec_fn=die_with_parent(),
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = Path(log_path).read_bytes() if os.path.exists(log_path) else b""
-            match = _LISTENING.search(text)
-            if match and b"Server is ready" in text:
-                self.port = int(match.group(1))
-                return
-            if self._process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise HrwcronError(f"nats-server did not start: {text.decode(errors='replace')[-2000:]}")
 
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
+    @property
+    def _log_path(self) -> str:
+        return os.path.join(self.directory, "nats-server.log")
+
+    def _log_text(self) -> bytes:
+        try:
+            return Path(self._log_path).read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def _ready_port(self) -> int:
+        text = self._log_text()
+        match = _LISTENING.search(text)
+        return int(match.group(1)) if match and b"Server is ready" in text else 0
+
+    async def stop(self, timeout: float = 3.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; the store is removed either way."""
+        if self._process is not None and self.running:
             self._process.terminate()
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self._process.wait, timeout)
+        self.kill()
+
+    def kill(self, *, wait: bool = True) -> None:
+        """SIGKILL and remove the store; ``wait=False`` for a process about to exit at once
+        (a second Ctrl-C), which must not wait for a reaper thread's lock."""
+        if self._process is not None:
+            if self.running:
                 self._process.kill()
+            if wait:
                 self._process.wait()
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -101,5 +101,17 @@ class ConflictError(HrwcronError):
     """A compare-and-set write lost: somebody changed the value since it was read."""
 
 
+class SubjectTakenError(ConflictError):
+    """Another job already publishes on the trigger subject a job asked for."""
+
+    def __init__(self, subject: str, holder: str) -> None:
+        super().__init__(
+            f"{subject!r} is already the trigger subject of job {holder!r}; each job needs its "
+            "own (fencing is per subject)"
+        )
+        self.subject = subject
+        self.holder = holder
+
+
 class NotFoundError(HrwcronError):
     """The named job or record does not exist."""

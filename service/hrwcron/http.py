@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -34,7 +34,11 @@ MAX_LIMIT = 10_000
 
 class StatusSource(Protocol):
     def not_ready_reason(self) -> str: ...
-    async def status(self, limit: int, timeline: bool) -> dict[str, Any]: ...
+    async def status(
+        self, limit: int, timeline: bool, *, prefix: str = "", after: str = ""
+    ) -> dict[str, Any]:
+        """Raises ValueError for an ``after`` that is no page's ``next``."""
+        ...
 
 
 class BadRequest(Exception):
@@ -59,6 +63,15 @@ def _limit(query: dict[str, list[str]]) -> int:
     if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
         raise BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}, got {text[:40]!r}")
     return int(text)
+
+
+def _text_param(query: dict[str, list[str]], name: str) -> str:
+    values = query.get(name)
+    if not values:
+        return ""
+    if len(values[-1]) > 1024:
+        raise BadRequest(f"{name} is longer than 1024 characters")
+    return values[-1]
 
 
 class Response:
@@ -196,12 +209,23 @@ class HttpServer:
             return _json(503, {"ready": False, "reason": reason})
         return _json(200, {"ready": True})
 
+    async def _read_status(self, query: dict[str, list[str]], timeline: bool) -> dict[str, Any]:
+        try:
+            return await self._source.status(
+                _limit(query),
+                timeline,
+                prefix=_text_param(query, "prefix"),
+                after=_text_param(query, "after"),
+            )
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+
     async def _status(self, query: dict[str, list[str]]) -> Response:
         timeline = query.get("timeline", ["0"])[-1] in ("1", "true", "yes")
-        return _json(200, await self._source.status(_limit(query), timeline))
+        return _json(200, await self._read_status(query, timeline))
 
     async def _page(self, query: dict[str, list[str]]) -> Response:
-        status = await self._source.status(_limit(query), True)
+        status = await self._read_status(query, True)
         return Response(
             200,
             render_page(status).encode(),
@@ -293,22 +317,39 @@ def _members_table(status: dict[str, Any]) -> str:
     )
 
 
+def _window(job: dict[str, Any]) -> str:
+    """The job's active window and exclusions under its schedule, when it has any."""
+    parts = []
+    if job.get("start"):
+        parts.append(f"from {_e(job['start'])}")
+    if job.get("end"):
+        parts.append(f"until {_e(job['end'])}")
+    excluded = job.get("exclude") or []
+    if excluded:
+        parts.append("except " + ", ".join(f"<code>{_e(x)}</code>" for x in excluded))
+    return "".join(f'<br><span class="muted">{part}</span>' for part in parts)
+
+
 def _jobs_table(status: dict[str, Any]) -> str:
     now = status["now_ms"]
     rows = []
     for j in status["jobs"]:
         owner = _e(j["owner"]) if j["owner"] else '<span class="bad">nobody eligible</span>'
         failover = " → ".join(_e(n) for n in j["failover"][1:]) or '<span class="muted">—</span>'
-        if j["paused"]:
-            due = '<span class="muted">paused</span>'
-        elif j["next_due_ms"] is None:
-            due = '<span class="muted">—</span>'
+        state = j.get("state") or ("paused" if j["paused"] else "active")
+        if state == "paused" or j["next_due_ms"] is None:
+            due = f'<span class="muted">{_e(state if state != "active" else "—")}</span>'
         else:
             due = f"{_e(j['next_due'])}<br>{_e(_until(j['next_fire_ms'] - now))}"
+            if state == "waiting":
+                due = f'<span class="muted">waiting for start</span><br>{due}'
+        if j.get("runs_left") is not None:
+            left = f"{_e(j['runs_left'])} of {_e(j['max_runs'])} runs left"
+            due += f'<br><span class="muted">{left}</span>'
         rows.append(
             f'<tr><td><code>{_e(j["name"])}</code><br><span class="muted">'
             f"{_e(j['description'])}</span></td>"
-            f"<td><code>{_e(j['schedule'])}</code><br>{_e(j['tz'])}</td>"
+            f"<td><code>{_e(j['schedule'])}</code><br>{_e(j['tz'])}{_window(j)}</td>"
             f"<td>{owner}</td><td>{failover}</td><td>{due}</td>"
             f"<td>{_last_cell(j['last'])}</td><td>{_e(', '.join(j['tags']))}</td>"
             f'<td class="mono">{_e(j["payload"])}</td></tr>'
@@ -317,10 +358,14 @@ def _jobs_table(status: dict[str, Any]) -> str:
         rows.append('<tr><td colspan="8" class="muted">no jobs</td></tr>')
     shown = len(status["jobs"])
     note = ""
-    if shown < status["jobs_total"]:
+    if status.get("next"):
+        query = {"limit": status["limit"], "after": status["next"]}
+        if status.get("prefix"):
+            query["prefix"] = status["prefix"]
         note = (
-            f'<p class="muted">showing {shown} of {_e(status["jobs_total"])} jobs; '
-            f"add ?limit=N (up to {MAX_LIMIT}) to see more</p>"
+            f'<p class="muted">showing {shown} of {_e(status["jobs_total"])} jobs, soonest due '
+            f'first; <a href="?{_e(urlencode(query))}">next {_e(status["limit"])}</a>, or add '
+            f"?limit=N (up to {MAX_LIMIT}) to see more at once</p>"
         )
     return (
         note + '<table id="jobs"><tr><th>job</th><th>schedule</th><th>owner</th>'
@@ -377,6 +422,20 @@ def _hhmm(epoch_ms: int) -> str:
     return f"{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}"
 
 
+def _summary(status: dict[str, Any]) -> str:
+    """Every job in a few numbers: the same whether there are ten jobs or 100,000."""
+    s = status.get("summary")
+    if not s:
+        return ""
+    owned = ", ".join(f"{_e(node)} {_e(count)}" for node, count in s["owned"].items())
+    orphans = f" · {_e(s['no_owner'])} with no eligible member" if s["no_owner"] else ""
+    return (
+        f'<p id="jobs-summary">{_e(s["jobs"])} jobs: {_e(s["paused"])} paused, '
+        f"{_e(s['bad'])} bad · owned: {owned or 'nobody'}{orphans} · "
+        f"{_e(s['missed_last_hour'])} ticks missed in the last hour</p>"
+    )
+
+
 def render_page(status: dict[str, Any]) -> str:
     """The status page; every value from the status document is escaped."""
     ready = (
@@ -404,11 +463,12 @@ def render_page(status: dict[str, Any]) -> str:
 · clock offset {_e(status["clock_offset_ms"])} ms · job-set digest
 <span class="mono">{_e(status["digest"])}</span> · {_e(status["jobs_total"])} jobs,
 {_e(status["owned_total"])} owned here · refreshes every {REFRESH_SECONDS} s</p>
+{_summary(status)}
 <h2>Members</h2>
 {_members_table(status)}
 <h2>Next hour: ticks per member and minute (by current ownership)</h2>
 {timeline}
-<h2>Jobs</h2>
+<h2>Jobs, soonest due first</h2>
 {_jobs_table(status)}
 <h2>Owned here, soonest first</h2>
 <p>{owned or '<span class="muted">none</span>'}</p>

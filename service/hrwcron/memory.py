@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .errors import ConflictError, DuplicateNodeError
-from .model import ClaimRecord, Heartbeat, JobSpec
+from .errors import ConflictError, DuplicateNodeError, SubjectTakenError
+from .model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec
 from .ports import (
     HEADER_KIND,
     HEADER_MSG_ID,
+    HEADER_RUN,
     HEADER_WATERMARK,
     ClaimWrite,
     FenceConflict,
@@ -28,6 +29,7 @@ from .ports import (
     TriggerRecord,
     TriggerWrite,
 )
+from .runcount import RunCount
 
 T = TypeVar("T")
 
@@ -175,6 +177,13 @@ class MemoryClaims:
     ) -> int | None:
         return self._bucket.update(key, record, last_revision, ttl)
 
+    async def release(self, key: str, last_revision: int) -> bool:
+        entry = self._bucket.live(key)
+        if entry is None or entry.revision != last_revision:
+            return False
+        self._bucket.write(key, None, None)
+        return True
+
 
 @dataclass(frozen=True)
 class StoredTrigger:
@@ -196,6 +205,7 @@ class MemoryTriggers:
         self._ids: dict[str, tuple[int, float]] = {}
         self._last: dict[str, StoredTrigger] = {}
         self._listeners: list[asyncio.Queue[tuple[str, LastTrigger]]] = []
+        self._seq = 0  # stream sequences are never reused, even after messages are dropped
 
     async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
         found: list[asyncio.Future[Published]] = []
@@ -240,7 +250,8 @@ class MemoryTriggers:
         seen = self._ids.get(msg_id)
         if msg_id and seen and now - seen[1] < self.duplicate_window * 1000:
             return Published(seen[0], duplicate=True)
-        stored = StoredTrigger(len(self.messages) + 1, subject, body, dict(headers), now)
+        self._seq += 1
+        stored = StoredTrigger(self._seq, subject, body, dict(headers), now)
         self.messages.append(stored)
         self._last[subject] = stored
         if msg_id:
@@ -254,6 +265,11 @@ class MemoryTriggers:
         stored = self._last.get(subject)
         return _as_last(stored) if stored else None
 
+    def forget(self, subject: str) -> None:
+        """Drop every message of ``subject``, as the stream's max_age eventually does."""
+        self.messages = [m for m in self.messages if m.subject != subject]
+        self._last.pop(subject, None)
+
     async def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]:
         queue: asyncio.Queue[tuple[str, LastTrigger]] = asyncio.Queue()
         self._listeners.append(queue)
@@ -266,8 +282,12 @@ class MemoryTriggers:
         finally:
             self._listeners.remove(queue)
 
-    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
-        mine = [_as_record(m) for m in self.messages if m.subject == subject]
+    async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
+        mine = [
+            _as_record(m)
+            for m in self.messages
+            if m.subject == subject and (not before_seq or m.seq < before_seq)
+        ]
         return mine[-limit:] if limit > 0 else []
 
     async def since(self, subject: str, since_ms: float, limit: int) -> list[TriggerRecord]:
@@ -295,6 +315,7 @@ def _as_last(stored: StoredTrigger) -> LastTrigger:
         stored.seq,
         stored.headers.get(HEADER_MSG_ID, ""),
         int(stored.headers.get(HEADER_WATERMARK, "0")),
+        int(stored.headers.get(HEADER_RUN, "0")),
     )
 
 
@@ -303,8 +324,9 @@ def is_scheduled(stored: StoredTrigger) -> bool:
 
 
 class MemoryJobs:
-    def __init__(self) -> None:
+    def __init__(self, subject_prefix: str = DEFAULT_SUBJECT_PREFIX) -> None:
         self._bucket: _Bucket[JobSpec] = _Bucket(time.monotonic)
+        self._prefix = subject_prefix
 
     async def snapshot(self) -> dict[str, JobEvent]:
         return {
@@ -321,6 +343,11 @@ class MemoryJobs:
         )
 
     async def put(self, spec: JobSpec, last_revision: int | None) -> int:
+        # One event loop writes here, so checking every job is as good as a subject claim.
+        subject = spec.trigger_subject(self._prefix)
+        for name, entry in self._bucket.items().items():
+            if name != spec.name and entry.value.trigger_subject(self._prefix) == subject:
+                raise SubjectTakenError(subject, name)
         if last_revision is None:
             return self._bucket.write(spec.name, spec, None)
         if last_revision == 0:
@@ -330,6 +357,25 @@ class MemoryJobs:
         if revision is None:
             raise ConflictError(f"job {spec.name!r} changed since revision {last_revision}")
         return revision
+
+    async def put_many(self, items: Sequence[tuple[JobSpec, int | None]]) -> list[int | Exception]:
+        results: list[int | Exception] = []
+        for spec, revision in items:
+            try:
+                results.append(await self.put(spec, revision))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    async def delete_many(self, items: Sequence[tuple[str, int | None]]) -> list[Exception | None]:
+        results: list[Exception | None] = []
+        for name, revision in items:
+            try:
+                await self.delete(name, revision)
+                results.append(None)
+            except Exception as exc:
+                results.append(exc)
+        return results
 
     async def delete(self, name: str, last_revision: int | None) -> None:
         entry = self._bucket.live(name)
@@ -355,3 +401,38 @@ class MemoryRuns:
 
     async def running(self, job: str) -> bool:
         return job in self.active
+
+
+class MemoryCounts:
+    """The durable run counts: a bucket of RunCount records changed only by compare-and-set."""
+
+    def __init__(self) -> None:
+        self._bucket: _Bucket[RunCount] = _Bucket(time.monotonic)
+
+    async def get(self, job: str) -> RunCount | None:
+        entry = self._bucket.live(job)
+        return entry.value if entry else None
+
+    async def raise_total(self, job: str, total: int) -> RunCount:
+        return self._change(
+            job, lambda held: RunCount(total=max(total, held.total), base=held.base)
+        )
+
+    async def reset(self, job: str, total: int) -> RunCount:
+        def reset(held: RunCount) -> RunCount:
+            top = max(total, held.total)
+            return RunCount(total=top, base=top)
+
+        return self._change(job, reset)
+
+    def _change(self, job: str, change: Callable[[RunCount], RunCount]) -> RunCount:
+        entry = self._bucket.live(job)
+        held = entry.value if entry else RunCount()
+        wanted = change(held)
+        if wanted == held and entry is not None:
+            return held
+        if entry is None:
+            self._bucket.create(job, wanted)
+        else:
+            self._bucket.update(job, wanted, entry.revision)
+        return wanted

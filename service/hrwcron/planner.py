@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from . import hrw
-from .schedule import Schedule
+from .plan import TickPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,30 +42,47 @@ def next_wake(now_ms: float, fire_ms: int, rank: int, step_ms: int) -> int | Non
 
 
 def first_due(
-    schedule: Schedule,
+    plan: TickPlan,
     *,
     now_ms: float,
     lateness_ms: int,
     last_done_ms: int | None,
     written_ms: float,
-) -> int:
-    """The first tick a replica must still resolve when it starts tracking a job.
+) -> int | None:
+    """The first tick a replica must still resolve when it starts tracking a job; None when
+    the job has no tick left (its window ended, its one-time instant passed).
 
     Ticks inside the lateness window that are not in the stream yet still count (a restart
     after an outage catches up), but none from before the job's spec was written: adding or
-    rescheduling a job never fires an instant from before the change."""
+    rescheduling a job never fires an instant from before the change. Excluded ticks that are
+    already past were counted by whoever owned them then, so they are passed over silently."""
     start = max(int(now_ms) - lateness_ms, int(written_ms))
     if last_done_ms is not None and last_done_ms >= start:
         start = last_done_ms
-    return schedule.next_after(start)
+    due = plan.next_after(start)
+    while due is not None and due <= now_ms and plan.excluded(due):
+        due = plan.next_after(due)
+    return due
 
 
-def collapse_latest(schedule: Schedule, due_ms: int, now_ms: float) -> tuple[int, int]:
-    """For ``catchup = "latest"``: the newest due at or before now starting from ``due_ms``
-    (or ``due_ms`` itself when it lies ahead), and how many older ones it passes over."""
-    skipped = 0
-    following = schedule.next_after(due_ms)
-    while following <= now_ms:
-        skipped += 1
-        due_ms, following = following, schedule.next_after(following)
-    return due_ms, skipped
+@dataclass(frozen=True, slots=True)
+class Collapsed:
+    """What ``catchup = "latest"`` keeps and what it passes over."""
+
+    due: int
+    missed: int  # passed-over ticks that would have fired
+    excluded: int  # passed-over ticks that were excluded anyway
+
+
+def collapse_latest(plan: TickPlan, due_ms: int, now_ms: float) -> Collapsed:
+    """For ``catchup = "latest"``: the newest tick at or before now starting from ``due_ms``
+    (or ``due_ms`` itself when it lies ahead), and the older ones it passes over."""
+    missed = excluded = 0
+    following = plan.next_after(due_ms)
+    while following is not None and following <= now_ms:
+        if plan.excluded(due_ms):
+            excluded += 1
+        else:
+            missed += 1
+        due_ms, following = following, plan.next_after(following)
+    return Collapsed(due_ms, missed, excluded)

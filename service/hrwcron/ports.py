@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .model import ClaimRecord, Heartbeat, JobSpec
+from .runcount import RunCount
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 HEADER_JOB = "Hrwcron-Job"
@@ -18,6 +19,9 @@ HEADER_DUE = "Hrwcron-Due"
 # message. Manual triggers carry their predecessor's value forward so they never fence a tick.
 HEADER_WATERMARK = "Hrwcron-Watermark"
 HEADER_KIND = "Hrwcron-Kind"
+# The run number of a job with max_runs: scheduled triggers published so far, this one
+# included; manual and backfill triggers carry it forward (see runcount.py).
+HEADER_RUN = "Hrwcron-Run"
 
 
 class FenceConflict(Exception):
@@ -29,8 +33,9 @@ class StoreUnavailable(Exception):
 
 
 class StoreRefused(Exception):
-    """The store refused a write for a reason retrying it unchanged cannot fix (too large, a
-    limit, a bad subject); not a fence conflict. ``err_code`` is the server's code, if any."""
+    """The store refused a write for what it is (too large, a limit, a subject or header it
+    cannot take); not a fence conflict. Sending the same write again cannot succeed, so for a
+    trigger the tick fails, not the replica. ``err_code`` is the server's code, if any."""
 
     def __init__(self, message: str, err_code: int = 0) -> None:
         super().__init__(message)
@@ -67,11 +72,13 @@ class Published:
 
 @dataclass(frozen=True, slots=True)
 class LastTrigger:
-    """The newest trigger on a subject: its stream sequence, Msg-Id and watermark (due ms)."""
+    """The newest trigger on a subject: its stream sequence, Msg-Id, watermark (due ms) and
+    run number (0 unless the job has max_runs)."""
 
     seq: int
     msg_id: str
     watermark: int
+    run: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,10 @@ class ClaimsPort(Protocol):
     async def replace(
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
     ) -> int | None: ...
+    async def release(self, key: str, last_revision: int) -> bool:
+        """Delete the claim if it is still at ``last_revision`` (a trigger that was not
+        published gives its claim back, so a retry can take it)."""
+        ...
 
 
 class TriggersPort(Protocol):
@@ -138,8 +149,9 @@ class TriggersPort(Protocol):
 
     async def last(self, subject: str) -> LastTrigger | None: ...
     def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]: ...
-    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
-        """The newest ``limit`` triggers of ``subject``, oldest first."""
+    async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
+        """The newest ``limit`` triggers of ``subject``, oldest first; with ``before_seq``,
+        the newest of those stored before that stream sequence."""
         ...
 
     async def since(self, subject: str, since_ms: float, limit: int) -> list[TriggerRecord]:
@@ -159,6 +171,15 @@ class JobsEditor(Protocol):
 
 class JobsPort(JobsEditor, Protocol):
     def watch(self) -> AsyncIterator[JobEvent | None]: ...
+    async def put_many(self, items: Sequence[tuple[JobSpec, int | None]]) -> list[int | Exception]:
+        """``put`` of every ``(spec, last_revision)``, as fast as the store allows; per item
+        the new revision or the error ``put`` would have raised."""
+        ...
+
+    async def delete_many(self, items: Sequence[tuple[str, int | None]]) -> list[Exception | None]:
+        """``delete`` of every ``(name, last_revision)``; per item None or the error."""
+        ...
+
     async def last_revision(self) -> int:
         """The newest revision written to the bucket, deletions included (0 when empty)."""
         ...
@@ -168,6 +189,20 @@ class RunsPort(Protocol):
     """Run markers written by workers, read for ``overlap = "skip"``."""
 
     async def running(self, job: str) -> bool: ...
+
+
+class CountsPort(Protocol):
+    """The durable copy of each max_runs job's run count (see runcount.py)."""
+
+    async def get(self, job: str) -> RunCount | None: ...
+    async def raise_total(self, job: str, total: int) -> RunCount:
+        """Make the stored total at least ``total`` (compare-and-set); returns what is stored."""
+        ...
+
+    async def reset(self, job: str, total: int) -> RunCount:
+        """Start the count again: base and total become the larger of ``total`` and the
+        stored total; returns what is stored."""
+        ...
 
 
 class TickSpan(Protocol):

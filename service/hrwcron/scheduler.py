@@ -26,13 +26,16 @@ import xxhash
 
 from . import __version__, hrw
 from .clock import Clock
+from .counting import RunCounter
 from .dispatch import Dispatcher, Flight, HeldClaim
 from .errors import ConflictError, DuplicateNodeError, HrwcronError, NotFoundError, Problem
 from .failpoints import Failpoints
 from .model import Heartbeat, JobSpec, encode
+from .plan import STATUS_SEARCH_BUDGET, TickPlan, lifecycle
 from .planner import Candidate, collapse_latest, first_due, next_wake, ranking
 from .ports import (
     ClaimsPort,
+    CountsPort,
     JobEvent,
     JobsPort,
     LastTrigger,
@@ -43,6 +46,7 @@ from .ports import (
     StoreUnavailable,
     TriggersPort,
 )
+from .recent import RecentCounts
 from .schedule import Schedule, jitter_ms
 from .ticks import TickId
 from .view import MembershipView
@@ -62,7 +66,18 @@ FREEZE_EVERY = 5_000
 TIMER_BATCH = 256
 
 RESOLVED = frozenset(
-    {"started", "duplicate", "already_claimed", "not_owner", "missed", "fenced", "skipped"}
+    {
+        "started",
+        "duplicate",
+        "already_claimed",
+        "not_owner",
+        "missed",
+        "fenced",
+        "skipped",
+        "excluded",
+        "max_runs",
+        "rejected",
+    }
 )
 
 
@@ -91,6 +106,7 @@ class Settings:
 class _Job:
     spec: JobSpec
     schedule: Schedule
+    plan: TickPlan
     subject: str
     jitter_ms: int
     revision: int
@@ -105,6 +121,18 @@ class _Job:
     first: str | None = None
     my_rank: int = -1
     order_generation: int = -1
+    problem: str = ""  # why the server refused this job's last trigger; shown in status
+    logged: str = ""  # the last tick error logged, so a retried failure is logged once
+    # Set once the job has no tick left and delete_after is set: when it is to be deleted.
+    delete_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    state: str  # see plan.lifecycle
+    next_due: int | None  # the next tick that fires
+    runs_done: int | None
+    runs_left: int | None
 
 
 # A heap entry: (wake at ms, push sequence, job name, the job's entry generation). A plain
@@ -123,6 +151,7 @@ class Scheduler:
         jobs: JobsPort,
         observer: Observer,
         runs: RunsPort | None = None,
+        counts: CountsPort | None = None,
         clock: Clock | None = None,
         failpoints: Failpoints | None = None,
     ) -> None:
@@ -135,6 +164,7 @@ class Scheduler:
         self._triggers = triggers
         self._jobs_store = jobs
         self._runs = runs
+        self._counter = RunCounter(counts, self._spawn)
         self._observer = observer
         self._failpoints = failpoints or Failpoints({})
         self.view = MembershipView(self.node, settings.member_ttl, self.clock.monotonic)
@@ -172,6 +202,12 @@ class Scheduler:
         self._generation = 0  # bumped whenever the candidates change
         self._plain: list[tuple[bytes, str]] | None = []  # candidates for hrw.rank_prepared
         self._step_ms = int(settings.failover_step * 1000)
+        # What operators see besides the running jobs: stored specs this replica did not load
+        # (revision, why), jobs per owner as of the last recount, ticks that passed their
+        # lateness window unpublished (whoever owned them).
+        self.skipped: dict[str, tuple[int, str]] = {}
+        self.owned_counts: dict[str, int] = {}
+        self.missed_recently = RecentCounts()
 
     # ----------------------------------------------------------------- readiness and members
 
@@ -250,7 +286,7 @@ class Scheduler:
         return f"{self._digest:016x}"
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.heartbeat_interval)
             try:
                 await self._beat()
@@ -284,7 +320,7 @@ class Scheduler:
             self.clock.estimator.add(ServerTime(sent, stored, received))
 
     async def _refresh_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 self.view.replace_all(await self._members.snapshot())
                 self._view_ok = self.clock.monotonic()
@@ -294,7 +330,7 @@ class Scheduler:
             await asyncio.sleep(self.settings.membership_refresh)
 
     async def _watch_members(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async for node, record in self._members.watch():
                     self.view.update(node, record)
@@ -317,7 +353,7 @@ class Scheduler:
     # ----------------------------------------------------------------------------- jobs
 
     async def _watch_jobs(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 applied = 0
                 # The initial state read after this covers every revision up to here, even
@@ -352,7 +388,7 @@ class Scheduler:
         a whole check interval: a KV watch can fall silent after a server restart, and a
         replica would then keep firing a deleted job or miss a new one."""
         stuck_at: int | None = None
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.jobs_watch_check)
             try:
                 newest = await self._jobs_store.last_revision()
@@ -397,33 +433,60 @@ class Scheduler:
             self._observer.bad_job(event.name, event.error)
         if old is not None and old.revision >= event.revision:
             return
+        if event.error:
+            self.skipped[event.name] = (event.revision, event.error)
+        else:
+            self.skipped.pop(event.name, None)
         if old is not None:
             self._digest ^= old.digest
             self._by_subject.pop(old.subject, None)
             old.entry += 1  # invalidates its heap entry; an in-flight act sees it too
             del self.jobs[event.name]
+        if old is None or event.spec is None or event.error:
+            # A job that (re)appears reads its run count again: deleting it may have reset it.
+            self._counter.forget(event.name)
         if event.spec is None or event.error:
             return
+        try:
+            job = self._load_job(event, old)
+        except (HrwcronError, ArithmeticError, ValueError) as exc:
+            # A spec the rules let through but the engine cannot plan: one bad job, not a
+            # jobs watch that fails and restarts on every replica.
+            error = f"cannot be scheduled: {exc}"
+            log.warning("job %r skipped: %s", event.name, error)
+            self._observer.bad_job(event.name, error)
+            self.skipped[event.name] = (event.revision, error)
+            return
+        self._digest ^= job.digest
+        self.jobs[job.spec.name] = job
+        self._owned_dirty.set()
+        self._by_subject[job.subject] = job.spec.name
+        if job.due is not None:
+            if job.spec.max_runs is not None:
+                self._read_count(job)
+            self._push(job, job.due + job.jitter_ms)
+        elif not job.spec.paused:
+            self._ran_out(job)
+
+    def _load_job(self, event: JobEvent, old: _Job | None) -> _Job:
+        """The running form of a valid spec, its first due tick planned (None when paused)."""
+        assert event.spec is not None
         spec = _compact(event.spec)
         subject = spec.trigger_subject(self.settings.subject_prefix)
+        plan = spec.plan()
         job = _Job(
             spec=spec,
-            schedule=Schedule.parse(spec.schedule, spec.tz),
+            schedule=plan.schedule,
+            plan=plan,
             subject=subject,
             jitter_ms=jitter_ms(spec.name, spec.jitter),
             revision=event.revision,
             digest=xxhash.xxh3_64_intdigest(encode(spec)),
         )
-        self._digest ^= job.digest
-        self.jobs[spec.name] = job
-        self._owned_dirty.set()
-        self._by_subject[subject] = spec.name
         if spec.paused:
-            return
+            return job
         same_schedule = (
-            old is not None
-            and old.due is not None
-            and (old.spec.schedule, old.spec.tz) == (spec.schedule, spec.tz)
+            old is not None and old.due is not None and old.plan.identity == plan.identity
         )
         if same_schedule and old is not None:
             job.due = old.due
@@ -431,19 +494,19 @@ class Scheduler:
         else:
             last = self.last.get(subject)
             job.due = first_due(
-                job.schedule,
+                job.plan,
                 now_ms=self.clock.now_ms(),
                 lateness_ms=spec.max_lateness_ms,
                 last_done_ms=last.watermark if last else None,
                 written_ms=event.written_ms,
             )
         self._collapse(job)
-        self._push(job, (job.due or 0) + job.jitter_ms)
+        return job
 
     # ------------------------------------------------------------------ trigger history
 
     async def _follow_triggers(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 seen_count = 0
                 began = time.perf_counter()
@@ -468,7 +531,11 @@ class Scheduler:
             self.last[subject] = seen
             name = self._by_subject.get(subject)
             job = self.jobs.get(name) if name else None
-            if job is None or job.busy or self._stopping:
+            if job is None:
+                return
+            if job.spec.max_runs is not None:
+                self._mirror_count(job)
+            if job.busy or self._stopping:
                 return
             due = job.due
             if due is not None and seen.watermark >= due:
@@ -531,6 +598,8 @@ class Scheduler:
     def _place(self, job: _Job) -> None:
         """The job's owner and this replica's rank, computed once per change of the
         candidates."""
+        if job.order_generation == self._generation:
+            return
         plain = self._plain
         if plain is not None and not job.spec.tags:
             order = hrw.rank_prepared(job.spec.name, plain)
@@ -542,21 +611,31 @@ class Scheduler:
 
     def _evaluate(self, job: _Job, now: float, ready: bool, acts: list[Flight]) -> None:
         due = job.due
-        if due is None or self._stopping:
+        if self._stopping:
             return
-        last = self.last.get(job.subject)
-        if last is not None and last.watermark >= due:
+        if due is None:
+            self._delete_when_due(job, now, ready)
+            return
+        if self._done(job, due):
             self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
             return
-        if job.order_generation != self._generation:
-            self._place(job)
+        if job.spec.max_runs is not None and self._out_of_runs(job, now):
+            return
+        self._place(job)
         owner = job.first
         if owner != job.owner:
             if job.owner is not None:
                 self._observer.owner_changed(job.spec.name, job.owner, owner)
             job.owner = owner
+        if job.plan.exclusions and job.plan.excluded(due):
+            # Never fired, late or otherwise; counted once, by the owner, like a missed tick.
+            counts = owner == self.node or (owner is None and ready)
+            self._finish(job, "excluded" if counts else "not_owner", due, -1, 0, count=counts)
+            return
         if now > due + job.spec.max_lateness_ms:
             counts = owner == self.node or (owner is None and ready)
+            if not counts:
+                self.missed_recently.add(now)  # the owner's own count is taken in _finish
             self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
             return
         rank = job.my_rank
@@ -636,6 +715,8 @@ class Scheduler:
         lateness = None
         if outcome == "started":
             lateness = self.clock.now_ms() - due
+        elif outcome == "missed":
+            self.missed_recently.add(self.clock.now_ms())
         if count:
             self._observer.outcome(
                 job.spec.name,
@@ -651,40 +732,191 @@ class Scheduler:
         job.claim_seen = None
         self._awaiting_turn.discard(job.spec.name)
         self._awaiting_holder.discard(job.spec.name)
-        job.due = job.schedule.next_after(due)
+        if outcome == "started" and job.spec.max_runs is not None:
+            self._mirror_count(job, published=True)
+        try:
+            job.due = job.plan.next_after(due)
+        except HrwcronError as exc:  # the schedule ran out of supported years
+            job.due = None
+            self._mark_bad(job, f"no next tick: {exc}")
+            return
         self._collapse(job)
+        if job.due is None:
+            self._ran_out(job)
+            return
         self._push(job, job.due + job.jitter_ms)
 
     def _collapse(self, job: _Job) -> None:
         if job.spec.catchup != "latest" or job.due is None:
             return
-        job.due, passed = collapse_latest(job.schedule, job.due, self.clock.now_ms())
-        if passed and job.owner == self.node:
-            for _ in range(passed):
-                self._observer.outcome(
-                    job.spec.name, "missed", due_ms=job.due, rank=0, attempt=0, lateness_ms=None
-                )
+        collapsed = collapse_latest(job.plan, job.due, self.clock.now_ms())
+        job.due = collapsed.due
+        self.missed_recently.add(self.clock.now_ms(), collapsed.missed)
+        if job.owner == self.node:
+            for outcome, passed in (("missed", collapsed.missed), ("excluded", collapsed.excluded)):
+                for _ in range(passed):
+                    self._observer.outcome(
+                        job.spec.name, outcome, due_ms=job.due, rank=0, attempt=0, lateness_ms=None
+                    )
+
+    # ------------------------------------------------------------- jobs that run out of ticks
+
+    def _ran_out(self, job: _Job) -> None:
+        """The job has no tick left: its window ended, its one-time instant passed or its runs
+        are used up. It stays (status shows it done or ended) unless ``delete_after`` is set."""
+        job.due = None
+        job.acted = False
+        job.claim_seen = None
+        self._awaiting_turn.discard(job.spec.name)
+        self._awaiting_holder.discard(job.spec.name)
+        if job.spec.delete_after is None or job.delete_at is not None:
+            return
+        last = self.last.get(job.subject)
+        since: float
+        if job.plan.final_ms is not None:
+            since = job.plan.final_ms
+        elif last is not None and last.watermark:  # ended by its run limit: from the last run
+            since = last.watermark
+        else:
+            since = self.clock.now_ms()
+        job.delete_at = since + job.spec.delete_after * 1000
+        self._push(job, job.delete_at)
+
+    def _delete_when_due(self, job: _Job, now: float, ready: bool) -> None:
+        """One replica deletes a finished job once ``delete_after`` has passed: the owner at
+        once, the next candidates a failover step apart, each compare-and-set on the revision
+        it knows, so a second delete (or an edit made meanwhile) simply wins."""
+        if job.delete_at is None:
+            return
+        if not ready:
+            self._push(job, now + 1000)
+            return
+        self._place(job)
+        if job.my_rank < 0:
+            return
+        wake = next_wake(now, int(job.delete_at), job.my_rank, self._step_ms)
+        if wake is not None:
+            self._push(job, wake)
+            return
+        job.entry += 1  # one delete at a time; a failed one pushes the job again
+        self._spawn(self._delete_finished(job), f"delete-{job.spec.name}")
+
+    async def _delete_finished(self, job: _Job) -> None:
+        name = job.spec.name
+        try:
+            await self._jobs_store.delete(name, job.revision)
+        except (ConflictError, NotFoundError):
+            log.info("job %s changed or was deleted before its delete_after cleanup", name)
+        except Exception as exc:
+            log.warning("job %s: deleting it after delete_after failed: %s; retrying", name, exc)
+            if self.jobs.get(name) is job:
+                self._push(job, self.clock.now_ms() + 1000)
+        else:
+            log.info(
+                "job %s deleted: no tick left and delete_after (%g s) passed",
+                name,
+                job.spec.delete_after,
+            )
+
+    # ----------------------------------------------------------------------- run limits
+
+    def runs_done(self, name: str) -> int | None:
+        """Scheduled triggers fired by a max_runs job so far; None when unknown yet."""
+        job = self.jobs.get(name)
+        if job is None:
+            return None
+        last = self.last.get(job.subject)
+        return self._counter.done(name, last.run if last else 0)
+
+    def _out_of_runs(self, job: _Job, now: float) -> bool:
+        """True when the job must not act on its tick: its count is unknown yet (fail closed;
+        look again shortly) or its runs are used up (then it has no tick left)."""
+        done = self.runs_done(job.spec.name)
+        if done is None:
+            self._read_count(job)
+            self._push(job, now + 250)
+            return True
+        if done >= (job.spec.max_runs or 0):
+            self._ran_out(job)
+            return True
+        return False
+
+    def _read_count(self, job: _Job) -> None:
+        def loaded() -> None:
+            if self.jobs.get(job.spec.name) is job:
+                self._mirror_count(job)
+                if job.due is not None and not job.busy:
+                    self._push(job, 0)
+
+        self._counter.read(job.spec.name, loaded)
+
+    def _mirror_count(self, job: _Job, *, published: bool = False) -> None:
+        """Raise the durable copy to the run number of the newest trigger on the job's
+        subject: done by the replica that published it and by the job's owner, so the count
+        survives the stream forgetting the trigger."""
+        last = self.last.get(job.subject)
+        if last is None or not self._counter.behind(job.spec.name, last.run):
+            return
+        self._place(job)
+        if published or job.first == self.node:
+            self._counter.mirror(job.spec.name, last.run, lambda: self._mirror_count(job))
+
+    async def reset_runs(self, name: str, subject: str) -> None:
+        """Start a deleted job's run count again, so a job created anew under the same name
+        gets all of its runs."""
+        last = await self._triggers.last(subject)
+        await self._counter.reset(name, last.run if last else 0)
 
     # ------------------------------------------------------------------ claim and publish
 
     def _claim_ttl(self, job: _Job) -> float:
         return job.spec.max_lateness + job.jitter_ms / 1000 + 10 * self.settings.claim_lease + 10
 
-    async def publish_unscheduled(self, name: str, msg_id: str, due_ms: int, kind: str) -> str:
+    async def publish_unscheduled(
+        self, name: str, msg_id: str, due_ms: int, kind: str, claim_key: str
+    ) -> str:
         """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
         claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
-        claimed or published before) or ``lock_busy``; raises NotFoundError for a bad name and
-        StoreUnavailable when NATS did not answer."""
+        claimed or published before), ``rejected`` (the server refused the trigger) or
+        ``lock_busy``; raises NotFoundError for a bad name and StoreUnavailable when NATS did
+        not answer. A trigger that was not published gives its claim back, so the retry the
+        caller is advised to make can take it."""
         job = self.jobs.get(name)
         if job is None:
             raise NotFoundError(f"no job named {name!r}")
-        flight = Flight(job, job.entry, due_ms, 0, kind, msg_id, msg_id.replace(":", "."))
+        flight = Flight(job, job.entry, due_ms, 0, kind, msg_id, claim_key)
         await self._dispatcher.run([flight])
         outcome = flight.outcome
+        if flight.revision and outcome not in ("started", "duplicate"):
+            # Even after a timeout: if the trigger did land, its Msg-Id and the stream check
+            # before a retry keep that retry from publishing it again.
+            with contextlib.suppress(Exception):
+                await self._claims.release(claim_key, flight.revision)
         self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
         if outcome == "error":
             raise StoreUnavailable(f"trigger {msg_id}: {flight.error}")
         return outcome
+
+    # ------------------------------------------------------------------- failing jobs
+
+    def _mark_bad(self, job: _Job, problem: str) -> None:
+        """A job whose ticks fail for what it is: shown in status, logged once."""
+        if problem != job.problem:
+            log.warning("job %r: %s", job.spec.name, problem)
+        job.problem = problem
+
+    def _log_error(self, job: _Job, tick_key: str, error: str) -> None:
+        """A failed tick is retried every 250 ms; its error is logged once per job and
+        message, not once per retry."""
+        if error != job.logged:
+            log.warning("tick %s: %s", tick_key, error)
+            job.logged = error
+        else:
+            log.debug("tick %s: %s", tick_key, error)
+
+    def problem_of(self, name: str) -> str:
+        job = self.jobs.get(name)
+        return job.problem if job is not None else ""
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -721,21 +953,27 @@ class Scheduler:
         self._refresh_candidates()
 
     async def stop(self, timeout: float | None = None) -> None:
-        """Stop claiming, let in-flight publishes finish (bounded), then leave the membership."""
+        """Stop claiming, let in-flight publishes finish, then leave the membership; all of
+        it within ``timeout`` (``shutdown_timeout``), whatever state the connection is in."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+
+        def left(most: float) -> float:
+            return max(0.05, min(most, deadline - loop.time()))
+
         self._stopping = True
         with contextlib.suppress(Exception):
             # Announce "not ready" at once, so the others stop waiting for this replica's turn.
-            await asyncio.wait_for(self._beat(), timeout=1)
+            await asyncio.wait_for(self._beat(), timeout=left(min(1.0, timeout / 4)))
         self._queued_acts.clear()
-        acts = self._dispatcher.tasks
-        if acts:
-            await asyncio.wait(set(acts), timeout=max(0.1, timeout - 1))
-        for task in list(self._tasks) + list(acts):
-            task.cancel()
-        await asyncio.gather(*self._tasks, *acts, return_exceptions=True)
+        batches = self._dispatcher.tasks
+        if batches:
+            # Keep a second for cancelling the rest and leaving the membership.
+            await asyncio.wait(set(batches), timeout=left(deadline - loop.time() - 1.0))
+        await _cancel_all([*self._tasks, *batches], left(0.5))
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._members.deregister(self.node), timeout=1)
+            await asyncio.wait_for(self._members.deregister(self.node), timeout=left(0.5))
 
     async def _owned_loop(self) -> None:
         """Counts owned jobs after membership or job changes, in slices, so even 100,000 jobs
@@ -745,27 +983,56 @@ class Scheduler:
             self._owned_dirty.clear()
             candidates = self._candidates
             plain = [c.node for c in candidates] if all(c.weight == 1.0 for c in candidates) else []
-            owned = 0
+            owners: collections.Counter[str] = collections.Counter()
             jobs = list(self.jobs.values())
             for start in range(0, len(jobs), 500):
                 chunk = jobs[start : start + 500]
                 untagged = [j.spec.name for j in chunk if not j.spec.tags] if plain else []
                 if untagged:
-                    owned += sum(o == self.node for o in hrw.owners(untagged, plain).values())
+                    owners.update(hrw.owners(untagged, plain).values())
                 for job in chunk:
                     if plain and not job.spec.tags:
                         continue
                     order = ranking(job.spec.name, job.spec.tags, candidates)
-                    owned += bool(order) and order[0] == self.node
+                    if order:
+                        owners[order[0]] += 1
                 await asyncio.sleep(0)
-            self._observer.owned(owned)
+            self.owned_counts = dict(owners)
+            self._observer.owned(owners[self.node])
             await asyncio.sleep(1.0)  # coalesce bursts of changes into one recount
 
     # --------------------------------------------------------------------------- status
 
+    @property
+    def jobs_revision(self) -> int:
+        """The newest jobs-bucket revision this replica's watch has applied."""
+        return self._jobs_revision
+
+    def job_on_subject(self, subject: str) -> str | None:
+        """The loaded job that publishes on ``subject``, if any."""
+        return self._by_subject.get(subject)
+
     def ranking_of(self, name: str) -> list[str]:
         job = self.jobs.get(name)
         return ranking(name, job.spec.tags if job else [], self._candidates)
+
+    def progress(self, name: str) -> Progress:
+        """Where a job stands: its state, the next tick that fires (excluded ones passed
+        over), and for max_runs its runs so far and left (None while the count is unread)."""
+        job = self.jobs[name]
+        done = self.runs_done(name) if job.spec.max_runs is not None else None
+        left = None if done is None else max(0, (job.spec.max_runs or 0) - done)
+        due = None if job.spec.paused or left == 0 else job.due
+        if due is not None and job.plan.excluded(due):
+            due = job.plan.search(due, budget=STATUS_SEARCH_BUDGET).due
+        state = lifecycle(
+            job.plan,
+            paused=job.spec.paused,
+            due=None if left == 0 else job.due,
+            now_ms=self.clock.now_ms(),
+            runs_left=left,
+        )
+        return Progress(state, due, done, left)
 
     def iter_jobs(self) -> Iterator[tuple[str, JobSpec, int | None, int]]:
         """(name, spec, next due ms, jitter ms) for every known job."""
@@ -784,6 +1051,21 @@ def _compact(spec: JobSpec) -> JobSpec:
     if not spec.tags:
         spec.tags = _NO_TAGS
     return spec
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that swallowed it (library
+    cleanup code can turn a cancellation into another error), at most ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = {task for task in tasks if not task.done()}
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(0.1, deadline - loop.time()))
+    if pending:
+        names = ", ".join(sorted(task.get_name() for task in pending))
+        log.warning("%d tasks did not stop in time: %s", len(pending), names)
 
 
 async def _wait_event(event: asyncio.Event, timeout: float, what: str) -> None:

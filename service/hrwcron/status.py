@@ -1,9 +1,11 @@
-"""The status document of one replica: members, jobs with owner and failover order, next and
-last triggers, and the next hour's ticks per member.
+"""The status document of one replica: members, a summary of every job, a page of jobs (soonest
+due first) with owner and failover order, next and last triggers, and the next hour's ticks per
+member.
 
 Like app.py this module knows the concrete scheduler and telemetry; the HTTP server only sees
 plain dicts. Big job sets are handled in slices with a budget, so a status request never
-stalls the event loop that fires ticks.
+stalls the event loop that fires ticks, and whatever the number of jobs the document holds
+the summary and one page of them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import msgspec
 
 from . import __version__
+from .jobtable import by_due, format_due_cursor, parse_due_cursor, summary
 from .scheduler import Scheduler
 from .telemetry import Telemetry
 from .ticks import format_ms
@@ -63,8 +66,17 @@ class ReplicaStatus:
             return "not connected to NATS"
         return reason
 
-    async def status(self, limit: int = DEFAULT_LIMIT, timeline: bool = False) -> dict[str, Any]:
+    async def status(
+        self,
+        limit: int = DEFAULT_LIMIT,
+        timeline: bool = False,
+        *,
+        prefix: str = "",
+        after: str = "",
+    ) -> dict[str, Any]:
+        """``after`` is the ``next`` of the previous page; ValueError when it is not one."""
         limit = max(1, min(limit, MAX_LIMIT))
+        position = parse_due_cursor(after)
         s = self.scheduler
         now = s.clock.now_ms()
         reason = self.not_ready_reason()
@@ -81,17 +93,28 @@ class ReplicaStatus:
             "failover_step_s": s.settings.failover_step,
             "members": self._members(),
             "live": list(self.telemetry.live),
-            "jobs_total": len(s.jobs),
+            "summary": msgspec.to_builtins(await summary(s)),
             "owned_total": self.telemetry.owned_count,
             "limit": limit,
+            "prefix": prefix,
+            "order": "due",
         }
-        doc["jobs"] = await self._jobs(limit)
+        names = [n for n in s.jobs if n.startswith(prefix)] if prefix else list(s.jobs)
+        doc["jobs_total"] = len(names)
+        keys = await by_due(s, names, position, limit + 1)
+        doc["jobs"] = await self._jobs([name for _, name in keys[:limit]])
+        doc["next"] = format_due_cursor(keys[limit - 1]) if len(keys) > limit else ""
         doc["owned"] = await self._owned(limit, now)
+        # Specs this replica could not load, then loaded jobs whose triggers the server refused.
         doc["bad_jobs"] = [
             {"name": name, "error": error}
             for name, error in self.telemetry.bad_jobs.items()
             if name not in s.jobs
         ][:limit]
+        failing = sorted((name, job.problem) for name, job in s.jobs.items() if job.problem)
+        doc["bad_jobs"] += [{"name": name, "error": problem} for name, problem in failing][
+            : max(0, limit - len(doc["bad_jobs"]))
+        ]
         if timeline:
             doc["timeline"] = await self._timeline(now)
         return doc
@@ -143,22 +166,31 @@ class ReplicaStatus:
             out["seen_after_ms"] = round(seen.seen_ms - last.watermark, 1)
         return out
 
-    async def _jobs(self, limit: int) -> list[dict[str, Any]]:
+    async def _jobs(self, names: list[str]) -> list[dict[str, Any]]:
         s = self.scheduler
         out = []
-        for index, name in enumerate(sorted(s.jobs)[:limit]):
+        for index, name in enumerate(names):
             job = s.jobs.get(name)
             if job is None:  # deleted while this request yielded
                 continue
             spec = job.spec
             order = s.ranking_of(name)
-            fire = job.due + job.jitter_ms if job.due is not None else None
+            progress = s.progress(name)
+            due = progress.next_due
+            fire = due + job.jitter_ms if due is not None else None
             out.append(
                 {
                     "name": name,
                     "schedule": spec.schedule,
                     "tz": spec.tz,
                     "paused": spec.paused,
+                    "state": progress.state,
+                    "start": spec.start,
+                    "end": spec.end,
+                    "exclude": list(spec.exclude),
+                    "max_runs": spec.max_runs,
+                    "runs_done": progress.runs_done,
+                    "runs_left": progress.runs_left,
                     "tags": list(spec.tags),
                     "description": spec.description,
                     "payload": _payload_preview(spec.payload),
@@ -166,10 +198,11 @@ class ReplicaStatus:
                     "owner": order[0] if order else None,
                     "failover": order,
                     "rank": order.index(s.node) if s.node in order else None,
-                    "next_due_ms": job.due,
-                    "next_due": format_ms(job.due) if job.due is not None else "",
+                    "next_due_ms": due,
+                    "next_due": format_ms(due) if due is not None else "",
                     "next_fire_ms": fire,
                     "last": self._last(name, job.subject),
+                    "problem": job.problem,
                 }
             )
             if index % _SLICE == _SLICE - 1:
@@ -222,9 +255,10 @@ class ReplicaStatus:
             if not order:
                 continue
             row = rows.setdefault(order[0], [0] * buckets)
-            for due in job.schedule.iter_after(int(now) - 1):
+            left = s.progress(name).runs_left
+            for count, due in enumerate(job.plan.iter_firing(int(now) - 1)):
                 fire = due + job.jitter_ms
-                if fire >= end:
+                if fire >= end or (left is not None and count >= left):
                     break
                 row[(fire - start) // TIMELINE_BUCKET_MS] += 1
                 spent += 1

@@ -56,6 +56,9 @@ OUTCOMES = (
     "missed",
     "fenced",
     "skipped",
+    "excluded",
+    "max_runs",
+    "rejected",
     "error",
 )
 CONTENTION = frozenset({"lock_busy", "already_claimed"})

@@ -24,9 +24,8 @@ class TickId:
 
     @property
     def claim_key(self) -> str:
-        """The claims-bucket key. KV keys allow dots but not colons, so the separator is ``.``;
-        the trailing token is all digits and job tokens cannot be empty, so it stays unambiguous."""
-        return f"{self.job}.{self.due_ms}"
+        """The claims-bucket key of this tick, shared by the scheduler and backfill."""
+        return claim_key(self.job, CLAIM_DUE, str(self.due_ms))
 
     @property
     def due(self) -> datetime:
@@ -43,6 +42,22 @@ class TickId:
         if not sep or not job or not due.isdigit():
             raise ValueError(f"not a scheduled tick key: {key!r}")
         return cls(job, int(due))
+
+
+# Kinds of claim: a nominal due instant (scheduled ticks and backfill), or a manual trigger id.
+CLAIM_DUE = "due"
+CLAIM_MANUAL = "manual"
+
+
+def claim_key(job: str, kind: str, value: str) -> str:
+    """``<job>.<kind>.<value>``: KV keys allow dots but not colons. ``kind`` and ``value`` are
+    one token each, so the last two tokens always give them back and the rest is the job: no
+    two (job, occurrence) pairs share a key, whatever the job names and trigger ids."""
+    return f"{job}.{kind}.{value}"
+
+
+def manual_claim_key(job: str, trigger_id: str) -> str:
+    return claim_key(job, CLAIM_MANUAL, trigger_id)
 
 
 def format_ms(epoch_ms: int) -> str:

@@ -33,6 +33,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 import nats
 from nats.aio.client import Client
 
+from harness.ackjournal import ACK_LOST, Ack, find_lost_acks
 from harness.chaos import (
     DEFAULT_PREFIX,
     DEFAULT_STREAM,
@@ -51,7 +52,7 @@ from harness.chaos import (
 from hrwcron.model import JobSpec, decode_job
 from hrwcron.schedule import jitter_ms
 
-KINDS = (MISSING, DUPLICATED, EARLY, LATE, OUT_OF_ORDER, STRAY)
+KINDS = (MISSING, DUPLICATED, EARLY, LATE, OUT_OF_ORDER, STRAY, ACK_LOST)
 EARLY_TOLERANCE_MS = 50.0
 # A replica decides before publishing that a tick is still within its lateness window; the
 # server stores it a round trip later. Lateness is judged with the same tolerance as earliness.
@@ -131,7 +132,11 @@ def check(
     *,
     early_tolerance_ms: float = EARLY_TOLERANCE_MS,
     late_tolerance_ms: float = LATE_TOLERANCE_MS,
+    acks: Iterable[Ack] = (),
 ) -> Verdict:
+    """Every violation of ``triggers`` for ``jobs`` in ``window`` and, given the replicas'
+    ``acks``, every acknowledged trigger that is no longer where it was acknowledged
+    (ACK_LOST, whatever its due instant: a lost ack is a durability failure, not a tick's)."""
     specs = list(jobs)
     violations = find_violations(triggers, specs, window, early_tolerance_ms=early_tolerance_ms)
     start, end = window
@@ -152,7 +157,16 @@ def check(
         if trigger.scheduled and trigger.job in jitter and start <= trigger.due_ms <= end:
             first.setdefault(trigger.msg_id, trigger)
     lateness = [t.stored_ms - (t.due_ms + jitter[t.job]) for t in first.values()]
+    violations += lost_ack_violations(acks, triggers)
     return Verdict(specs, window, ticks, violations, lateness, triggers)
+
+
+def lost_ack_violations(acks: Iterable[Ack], triggers: Sequence[Trigger]) -> list[Violation]:
+    found = []
+    for lost in find_lost_acks(acks, [(t.seq, t.msg_id) for t in triggers]):
+        job, _, due = lost.ack.msg_id.rpartition(":")
+        found.append(Violation(ACK_LOST, job, int(due) if due.isdigit() else 0, lost.detail))
+    return found
 
 
 def failover_times(
@@ -210,6 +224,7 @@ async def check_stream(
     stream: str = DEFAULT_STREAM,
     subject_prefix: str = DEFAULT_PREFIX,
     settle_timeout: float = 60.0,
+    acks: Iterable[Ack] = (),
 ) -> Verdict:
     """Wait until every job's ticks up to the window's end are settled in the stream (a job's
     ticks are published in due order, so one at or after the end settles the earlier ones; a
@@ -220,7 +235,7 @@ async def check_stream(
         await log.wait_covered(specs, window[1], timeout=settle_timeout)
     except AssertionError:
         await log.read()
-    return check(log.triggers, specs, window)
+    return check(log.triggers, specs, window, acks=acks)
 
 
 async def jobs_in_bucket(client: Client, bucket: str = "hrwcron_jobs") -> list[JobSpec]:

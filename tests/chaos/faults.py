@@ -17,15 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import nats
+
 from harness import NatsCluster, TcpProxy, find_libfaketime, wait_for_async
+from harness.ackjournal import ACK_JOURNAL_ENV, Ack, read_journals
+from harness.ackjournal import script_path as ackjournal_script
 from harness.chaos import ReplicaFleet, now_ms, wait_until_ms
 
 T = TypeVar("T")
@@ -41,11 +46,26 @@ PARTITION = "partition"  # detail says drop, stall, slow or half_open
 SKEW = "clock skew +/-2 s"
 JUMP = "clock jump 30 s"
 CHURN = "membership churn"
-ALL_KINDS = (KILL, PAUSE, GRACEFUL, ROLLING, NATS_KILL, NATS_LEADER, PARTITION, SKEW, JUMP, CHURN)
+POISON = "poison job"  # detail says which spec, and whether through the bucket or the API
+ALL_KINDS = (
+    KILL,
+    PAUSE,
+    GRACEFUL,
+    ROLLING,
+    NATS_KILL,
+    NATS_LEADER,
+    PARTITION,
+    SKEW,
+    JUMP,
+    CHURN,
+    POISON,
+)
 # How often a random schedule picks each kind. Faults on one replica wait for a free target
 # more often than the others (one core replica must stay unharmed), so they are drawn more.
 WEIGHTS = {KILL: 3, PAUSE: 3, PARTITION: 4, GRACEFUL: 1, ROLLING: 1, NATS_KILL: 1}
-WEIGHTS |= {NATS_LEADER: 1, SKEW: 2, JUMP: 2, CHURN: 1}
+WEIGHTS |= {NATS_LEADER: 1, SKEW: 2, JUMP: 2, CHURN: 1, POISON: 1}
+# What a poison job fault holds: the jobs bucket (one hostile spec at a time).
+JOBS_TARGET = "jobs"
 PARTITION_MODES = ("drop", "stall", "slow", "half_open")
 # Faults that take a replica away from the work, for failover figures.
 TAKES_A_REPLICA = frozenset({KILL, PAUSE, GRACEFUL, ROLLING, PARTITION, SKEW, JUMP, CHURN})
@@ -138,12 +158,23 @@ class World:
     faketime: bool = True
     settle_s: float = 2.0  # a healed target stays reserved this long, to rejoin
     faults: list[Fault] = field(default_factory=list)
+    # Replicas record every PubAck of a trigger (harness/ackjournal.py), for the lost-ack check.
+    ack_journal: bool = False
 
     def __post_init__(self) -> None:
         env = {"HRWCRON_SCHEDULER_REPLICAS": "3", **self.timings.env()}
-        self.fleet = ReplicaFleet(
-            self.cluster.url, self.replicas + self.spares, self.base_dir / "replicas", env=env
-        )
+        count, logs = self.replicas + self.spares, self.base_dir / "replicas"
+        if self.ack_journal:
+            self.fleet = ReplicaFleet(
+                self.cluster.url,
+                count,
+                logs,
+                env=env,
+                module=None,
+                args=[ackjournal_script(), "run"],
+            )
+        else:
+            self.fleet = ReplicaFleet(self.cluster.url, count, logs, env=env)
         self.proxies: list[list[TcpProxy]] = []
         self.clock_files = [self.base_dir / f"{node}.faketime" for node in self.fleet.nodes]
         self.busy: dict[str, str] = {}  # target -> the kind of fault holding it
@@ -168,7 +199,18 @@ class World:
         env = {"HRWCRON_NATS_URL": ",".join(p.url for p in self.proxies[i])}
         if self.faketime:
             env.update(clock_file_env(self.clock_files[i]))
+        if self.ack_journal:
+            env[ACK_JOURNAL_ENV] = str(self.ack_journal_path(i))
         return env
+
+    def ack_journal_path(self, i: int) -> Path:
+        return self.base_dir / "replicas" / f"{self.node(i)}.acks.jsonl"
+
+    def acks(self) -> list[Ack]:
+        """Every trigger PubAck the replicas recorded (empty without ``ack_journal``)."""
+        if not self.ack_journal:
+            return []
+        return read_journals(self.ack_journal_path(i) for i in range(len(self.fleet.nodes)))
 
     def start(self, timeout: float = 90.0) -> None:
         """Proxies for every replica, then the core replicas; returns once all have joined."""
@@ -246,6 +288,8 @@ class World:
             return False
         if target.startswith("n"):
             return not any(t.startswith("n") for t in self.busy)
+        if target not in self.fleet.nodes:
+            return True  # the jobs bucket: harms no replica or node by itself
         index = self.fleet.nodes.index(target)
         if index not in self.core:
             return True
@@ -467,6 +511,92 @@ async def _churn_until(world: World, rng: random.Random, end: float, done: list[
         await hold(rng.uniform(0.5, 3.0), "between churns")
 
 
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+# Specs that once took a replica down or hung it (each as JSON text: some cannot be encoded
+# by a test, only written), all under names and subjects no audited job uses.
+POISON_SPECS: dict[str, str] = {
+    "4520-character subject": json.dumps(
+        {
+            "name": "poison.subject",
+            "schedule": "@every 1s",
+            "subject": ("hrwcron.trigger.poison." + ".".join(["p" * 64] * 70))[:4_520],
+        }
+    ),
+    "@every 70000000h, latest": json.dumps(
+        {"name": "poison.every", "schedule": "@every 70000000h", "catchup": "latest"}
+    ),
+    "payload 983 levels deep": (
+        '{"name": "poison.deep", "schedule": "@every 1s", "payload": ' + _deep(983) + "}"
+    ),
+    "host zone": json.dumps({"name": "poison.zone", "schedule": "@every 1s", "tz": "localtime"}),
+    "400,000-character schedule": json.dumps(
+        {"name": "poison.schedule", "schedule": "0 " * 200_000 + "*"}
+    ),
+    "200 KB payload": json.dumps(
+        {"name": "poison.payload", "schedule": "@every 1s", "payload": "x" * 200_000}
+    ),
+}
+
+
+async def poison_job(world: World, rng: random.Random, seconds: float) -> Fault:
+    """Write a hostile spec between ticks, either straight into the jobs bucket (every replica
+    must skip it) or through the admin API (which must refuse it, writing nothing), leave it
+    there for ``seconds``, then remove it. No replica may die of it: every replica that was
+    running and not under another fault is still the same process afterwards."""
+    case = rng.choice(sorted(POISON_SPECS))
+    via = rng.choice(["bucket", "api"])
+    text = POISON_SPECS[case]
+    name = text.split('"name": "', 1)[1].split('"', 1)[0]
+    async with world.holding(POISON, JOBS_TARGET, f"{case} through the {via}") as fault:
+        before = {i: world.fleet.proc(i).pid for i in world.fleet.running()}
+        client = await nats.connect(world.cluster.urls, connect_timeout=5)
+        try:
+            kv = await _retried(lambda: client.jetstream().key_value("hrwcron_jobs"), "jobs bucket")
+            if via == "bucket":
+                await _retried(lambda: kv.put(name, text.encode()), f"{case} written")
+            else:
+                # A paused or cut-off replica of the queue group never answers: ask again.
+                body = b'{"spec": ' + text.encode() + b"}"
+                reply = await _retried(
+                    lambda: client.request("hrwcron.admin.jobs.put", body, timeout=3),
+                    f"an answer to jobs.put of {case}",
+                )
+                error = json.loads(reply.data).get("error") or {}
+                if error.get("code") != "bad_request" or not error.get("field"):
+                    raise AssertionError(f"the admin API did not refuse {case}: {reply.data!r}")
+            await hold(seconds, f"{case} in the jobs bucket")
+            with contextlib.suppress(Exception):  # absent when the API refused it
+                await kv.delete(name)
+        finally:
+            await client.close()
+        lost = [
+            world.node(i)
+            for i, pid in before.items()
+            if not _touched(world, world.node(i), fault.start_ms)
+            and (i not in world.fleet.running() or world.fleet.proc(i).pid != pid)
+        ]
+        if lost:
+            raise AssertionError(f"replicas lost to {case} through the {via}: {lost}")
+    return fault
+
+
+async def _retried(call: Callable[[], Awaitable[T]], what: str) -> T:
+    """``call`` until it succeeds: another fault may be electing a NATS leader meanwhile."""
+    return await wait_for_async(
+        call, timeout=120, interval=0.5, message=what, ignore=(nats.errors.Error, TimeoutError)
+    )
+
+
+def _touched(world: World, target: str, since_ms: float) -> bool:
+    """Whether another fault held ``target`` at any time since ``since_ms``."""
+    return target in world.busy or any(
+        f.target == target and (not f.end_ms or f.end_ms >= since_ms) for f in world.faults
+    )
+
+
 # --- schedules ----------------------------------------------------------------------------------
 
 
@@ -503,6 +633,10 @@ def make_fault(world: World, rng: random.Random, kind: str) -> Awaitable[Any]:
         if CHURN in world.walking:
             raise Unavailable("churn is already under way")
         return churn(world, rng, rng.uniform(5.0, 20.0))
+    if kind == POISON:
+        if not world.can_take(JOBS_TARGET):
+            raise Unavailable("a poison job is already in place")
+        return poison_job(world, rng, rng.uniform(2.0, 10.0))
     i = _free_replica(world, rng)
     if kind == KILL:
         return kill_replica(world, i, rng.uniform(0.0, 2 * t.member_ttl + 2))
@@ -521,6 +655,8 @@ def make_fault(world: World, rng: random.Random, kind: str) -> Awaitable[Any]:
 
 
 Step = Callable[[], Awaitable[Any]]
+# Makes one fault of a kind that make_fault does not know (the power faults, say).
+Maker = Callable[[World, random.Random, str], Awaitable[Any]]
 
 
 def nats_free(world: World) -> None:
@@ -546,6 +682,10 @@ class Schedule:
     gap_s: tuple[float, float] = (0.3, 3.0)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     errors: list[BaseException] = field(default_factory=list)
+    makers: Mapping[str, Maker] = field(default_factory=dict)
+
+    def make(self, kind: str) -> Awaitable[Any]:
+        return self.makers.get(kind, make_fault)(self.world, self.rng, kind)
 
     def _launch(self, step: Step) -> bool:
         """Start ``step`` if there is room and its target is free; False otherwise."""
@@ -583,7 +723,7 @@ class Schedule:
         """Every kind of the schedule once, in a shuffled order."""
         kinds = list(self.kinds)
         self.rng.shuffle(kinds)
-        await self.script([(k, lambda k=k: make_fault(self.world, self.rng, k)) for k in kinds])
+        await self.script([(k, lambda k=k: self.make(k)) for k in kinds])
 
     async def run_for(self, seconds: float) -> None:
         """Random faults of the schedule's kinds until ``seconds`` have passed."""
@@ -592,7 +732,7 @@ class Schedule:
         weights = [WEIGHTS.get(kind, 1) for kind in kinds]
         while now_ms() < end:
             kind = self.rng.choices(kinds, weights)[0]
-            if self._launch(lambda kind=kind: make_fault(self.world, self.rng, kind)):  # type: ignore[misc]
+            if self._launch(lambda kind=kind: self.make(kind)):  # type: ignore[misc]
                 await hold(self.rng.uniform(*self.gap_s), "gap between faults")
             else:
                 await hold(0.2, "room for a fault")
@@ -644,10 +784,13 @@ __all__ = [
     "PARTITION",
     "PARTITION_MODES",
     "PAUSE",
+    "POISON",
+    "POISON_SPECS",
     "ROLLING",
     "SKEW",
     "WEIGHTS",
     "Fault",
+    "Maker",
     "Schedule",
     "Step",
     "Timings",
@@ -667,6 +810,7 @@ __all__ = [
     "nats_free",
     "partition",
     "pause_replica",
+    "poison_job",
     "reap_faketime",
     "rolling_upgrade",
     "skew_clock",

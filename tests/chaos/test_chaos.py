@@ -4,12 +4,15 @@ server's clock, late, out of order).
 
 * ``test_bounded_chaos`` (part of ``make test``, fixed seed, about a minute and a half): a script
   of every process, NATS and network fault, overlapping, with a pause longer than the
-  duplicate window among them.
+  duplicate window and a poison job (a hostile spec written between ticks) among them; no
+  replica may be lost to anything but a fault's own hand.
 * two focused clock tests (also in ``make test``): replicas skewed by +/-2 s report not ready and
   publish nothing while the others fire; wall clocks stepped 30 s either way while running
   never produce an early or duplicate trigger.
-* ``test_long_chaos`` (``make chaos SEED=... DURATION=...``): random schedules of every fault
-  kind from the seed, hundreds of faults, and a report in ``tests/chaos/reports/``.
+* ``test_long_chaos`` (``make chaos SEED=... DURATION=... [SYNC=default] [WARMUP=130]``):
+  random schedules of every fault kind from the seed, power loss of NATS nodes included where
+  FUSE is available (``test_power.py`` has the bounded power scenario), hundreds of faults,
+  and a report in ``tests/chaos/reports/``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
 from harness import NatsCluster, NatsServer, wait_for_async
-from harness.chaos import ReplicaFleet, now_ms
+from harness.ackjournal import find_lost_acks
+from harness.chaos import MISSING, ReplicaFleet, now_ms
+from harness.power import SYNC_ALWAYS, PowerCluster, fuse_unavailable
 from hrwcron.app import Stores, open_stores
 from hrwcron.model import Heartbeat, JobSpec
 
@@ -43,6 +48,7 @@ from .faults import (
     PARTITION,
     PARTITION_MODES,
     PAUSE,
+    POISON,
     ROLLING,
     STREAM,
     Schedule,
@@ -61,16 +67,21 @@ from .faults import (
     nats_free,
     partition,
     pause_replica,
+    poison_job,
     reap_faketime,
     rolling_upgrade,
     write_clock,
 )
+from .power import POWER_KINDS, make_power_fault
 
 BOUNDED_SEED = 7
 # The duplicate window cannot go below 60 s (a replica refuses a stream whose window is shorter
 # than the default job lateness), so the long pauses below outlast it by a real margin.
 BOUNDED = Timings(member_ttl=3.0, claim_lease=2.0, duplicate_window=60.0, max_lateness=15.0)
-LONG = Timings(member_ttl=3.0, claim_lease=2.0, duplicate_window=60.0, max_lateness=20.0)
+# Every NATS node losing power at once leaves no majority until all have booted and elected
+# leaders again (10-16 s on two shared cores, more under other faults): the lateness window
+# must outlast that, or the ticks due meanwhile are missed by design (fail closed).
+LONG = Timings(member_ttl=3.0, claim_lease=2.0, duplicate_window=60.0, max_lateness=30.0)
 REPORTS = Path(__file__).resolve().parent / "reports"
 
 
@@ -101,7 +112,8 @@ class Run:
         return self.stores.client
 
     async def verdict(self, end_ms: float) -> Verdict:
-        return await check_stream(self.client, self.jobs, (self.start_ms, end_ms))
+        window = (self.start_ms, end_ms)
+        return await check_stream(self.client, self.jobs, window, acks=self.world.acks())
 
     def explain(self, verdict: Verdict) -> str:
         faults = "\n".join(
@@ -111,10 +123,19 @@ class Run:
 
 
 @contextlib.asynccontextmanager
-async def chaos_world(tmp_path: Path, timings: Timings, *, faketime: bool) -> AsyncIterator[Run]:
-    cluster = NatsCluster(3, base_dir=tmp_path / "cluster", no_advertise=True)
+async def chaos_world(
+    tmp_path: Path, timings: Timings, *, faketime: bool, power_sync: str | None = None
+) -> AsyncIterator[Run]:
+    """With ``power_sync`` (``always``, ``default``), every NATS node's store is on a powerfs
+    mount with that sync_interval, and the replicas keep an ack journal."""
+    cluster: NatsCluster
+    if power_sync is None:
+        cluster = NatsCluster(3, base_dir=tmp_path / "cluster", no_advertise=True)
+    else:
+        cluster = PowerCluster(3, sync=power_sync, base_dir=tmp_path / "cluster", no_advertise=True)
     await asyncio.to_thread(cluster.start)
-    world = World(cluster, tmp_path / "world", timings, faketime=faketime)
+    journal = power_sync is not None
+    world = World(cluster, tmp_path / "world", timings, faketime=faketime, ack_journal=journal)
     stores: Stores | None = None
     try:
         stores = await open_stores(world.fleet.config())  # R3 buckets and stream, as replicas
@@ -172,6 +193,8 @@ async def test_bounded_chaos(tmp_path: Path) -> None:
                 ("short pause", lambda: pause_replica(w, replica(), t.member_ttl + 1)),
                 ("graceful", lambda: graceful_restart(w, replica())),
                 ("NATS node", node_kill),
+                # A hostile spec written between ticks; it must not cost a single replica.
+                ("poison job", lambda: poison_job(w, rng, 6.0)),
                 ("rolling upgrade", lambda: rolling_upgrade(w)),
             ]
         )
@@ -181,9 +204,25 @@ async def test_bounded_chaos(tmp_path: Path) -> None:
         assert verdict.ok, run.explain(verdict)
         done = {f.kind for f in w.faults}
         assert done >= {PAUSE, PARTITION, NATS_LEADER, KILL, CHURN, GRACEFUL, NATS_KILL, ROLLING}
+        assert POISON in done
+        assert replicas_lost(w) == [], w.fleet.dump_logs()
         modes = {f.detail.split()[0] for f in w.faults if f.kind == PARTITION}
         assert modes == set(PARTITION_MODES)
         assert verdict.ticks > 500  # enough ticks that a lost or doubled one would show
+
+
+def replicas_lost(world: World) -> list[str]:
+    """Log lines of replicas that went down on their own (a connection closed for good, a
+    crash) rather than by a fault's hand."""
+    lost = []
+    for node in world.fleet.nodes:
+        path = world.fleet.log_dir / f"{node}.log"
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if "closed for good" in line or "Traceback" in line:
+                lost.append(f"{node}: {line}")
+    return lost
 
 
 # --- make test: clocks -------------------------------------------------------------------------
@@ -320,6 +359,8 @@ def write_report(
     verdict: Verdict,
     elapsed: float,
     errors: list[BaseException],
+    power: list[str] | None = None,
+    replay: str = "",
 ) -> None:
     faults = run.world.faults
     failovers = failover_times(verdict.triggers, run.jobs, leave_events(faults))
@@ -335,11 +376,12 @@ def write_report(
         f"{len(run.jobs)} jobs (10 every second, 3 six-field cron every 2 s, 2 every 3 s with "
         f"jitter), max_lateness {LONG.max_lateness:g} s, duplicate_window "
         f"{LONG.duplicate_window:g} s, member_ttl {LONG.member_ttl:g} s, claim_lease "
-        f"{LONG.claim_lease:g} s. Replay with `make chaos SEED={seed} DURATION={duration:g}`.",
+        f"{LONG.claim_lease:g} s. Replay with "
+        f"`make chaos SEED={seed} DURATION={duration:g}{replay}`.",
         "",
         f"**{len(faults)} faults injected, {verdict.ticks} ticks checked, "
         f"{len(verdict.violations)} violations; worst lateness "
-        f"{(worst or 0) / 1000:.2f} s.**",
+        f"{(worst or 0) / 1000:.2f} s; {len(replicas_lost(run.world))} replicas lost.**",
         "",
         "## Faults",
         "",
@@ -362,6 +404,7 @@ def write_report(
         "",
         failover_table(quiet),
         "",
+        *(power or []),
         "## Replica starts retried",
         "",
         f"{len(restarts)} (re)starts exited before the replica joined and were started again, "
@@ -382,18 +425,34 @@ def write_report(
 @pytest.mark.chaos
 @pytest.mark.cluster
 @pytest.mark.timeout(0)  # bounded below by the requested duration instead
-async def test_long_chaos(tmp_path: Path, chaos_seed: int, chaos_duration: float) -> None:
+async def test_long_chaos(
+    tmp_path: Path, chaos_seed: int, chaos_duration: float, chaos_sync: str, chaos_warmup: float
+) -> None:
     rng = random.Random(chaos_seed)
     began = now_ms()
+    # Power faults need FUSE; without it the run goes on with every other fault and says so.
+    no_power = fuse_unavailable()
+    power_sync = None if no_power else chaos_sync
+    kinds = ALL_KINDS if no_power else (*ALL_KINDS, *POWER_KINDS)
+    makers = {} if no_power else dict.fromkeys(POWER_KINDS, make_power_fault)
 
     async def scenario() -> None:
-        async with chaos_world(tmp_path, LONG, faketime=True) as run:
-            schedule = Schedule(run.world, rng, ALL_KINDS, max_active=4, gap_s=(0.3, 3.0))
+        async with chaos_world(tmp_path, LONG, faketime=True, power_sync=power_sync) as run:
+            schedule = Schedule(run.world, rng, kinds, max_active=4, gap_s=(0.3, 3.0))
+            schedule.makers = makers
+            if chaos_warmup > 0:
+                await hold(chaos_warmup, "work before the first fault")
             await schedule.tour()  # every kind at least once, whatever the duration
-            await schedule.run_for(chaos_duration - (now_ms() - run.start_ms) / 1000)
+            left = chaos_duration + chaos_warmup - (now_ms() - run.start_ms) / 1000
+            await schedule.run_for(left)
             await schedule.finish(raise_errors=False)
             verdict = await run.verdict(now_ms() - 1_000)
-            name = f"chaos-seed{chaos_seed}-{chaos_duration:g}s.md"
+            suffix = "" if chaos_sync == SYNC_ALWAYS else f"-sync-{chaos_sync}"
+            suffix += f"-warmup{chaos_warmup:g}s" if chaos_warmup else ""
+            replay = ("" if chaos_sync == SYNC_ALWAYS else f" SYNC={chaos_sync}") + (
+                f" WARMUP={chaos_warmup:g}" if chaos_warmup else ""
+            )
+            name = f"chaos-seed{chaos_seed}-{chaos_duration:g}s{suffix}.md"
             write_report(
                 REPORTS / name,
                 seed=chaos_seed,
@@ -402,9 +461,74 @@ async def test_long_chaos(tmp_path: Path, chaos_seed: int, chaos_duration: float
                 verdict=verdict,
                 elapsed=(now_ms() - began) / 1000,
                 errors=schedule.errors,
+                power=power_report(run.world, chaos_sync, no_power, verdict),
+                replay=replay,
             )
             print((REPORTS / name).read_text())
             assert verdict.ok, run.explain(verdict)
             assert not schedule.errors, schedule.errors
+            assert replicas_lost(run.world) == []
 
-    await asyncio.wait_for(scenario(), chaos_duration + 1_200)
+    await asyncio.wait_for(scenario(), chaos_warmup + chaos_duration + 1_200)
+
+
+def power_report(
+    world: World, sync: str, unavailable: str | None, verdict: Verdict | None = None
+) -> list[str]:
+    """The report's section on power faults: the setting, the cuts, the acks checked, and
+    where the losses fell (acknowledged triggers lost, by the next power cut after their
+    acknowledgement; missing ticks, as ranges of due instants)."""
+    if unavailable is not None:
+        return ["## Power loss", "", f"No power faults in this run: {unavailable}.", ""]
+    cluster = world.cluster
+    assert isinstance(cluster, PowerCluster)
+    dropped = sum(c.bytes for c in cluster.cuts)
+    acks = world.acks()
+    lines = [
+        "## Power loss",
+        "",
+        f"nats-server `sync_interval`: **{sync}**. {len(cluster.cuts)} node power cuts "
+        f"dropped {dropped / 1024:.0f} KiB of unsynced writes in all. "
+        f"{len({a.msg_id for a in acks})} triggers acknowledged to the replicas "
+        f"({len(acks)} PubAcks) were held to their stream sequence (check `ack_lost`). "
+        "The replay command above names the warm-up before the first fault, if there was one.",
+        "",
+    ]
+    if verdict is None:
+        return lines
+    cuts = sorted((f for f in world.faults if f.kind in POWER_KINDS), key=lambda f: f.start_ms)
+    lost = find_lost_acks(acks, [(t.seq, t.msg_id) for t in verdict.triggers])
+    by_cut: dict[int, int] = {}
+    for item in lost:
+        after = [i for i, f in enumerate(cuts) if f.start_ms >= item.ack.at_ms]
+        by_cut[after[0] if after else -1] = by_cut.get(after[0] if after else -1, 0) + 1
+    lines += [
+        "| power fault | at | acknowledged triggers lost (acknowledged since the previous one) |",
+        "|---|---|---:|",
+        *(
+            f"| {f.kind} ({f.target}) | {_clock(f.start_ms)} | {by_cut.get(i, 0)} |"
+            for i, f in enumerate(cuts)
+        ),
+        f"| (none after) | | {by_cut.get(-1, 0)} |",
+        "",
+    ]
+    missing = sorted({v.due_ms for v in verdict.violations if v.kind == MISSING})
+    if missing:
+        ranges: list[list[int]] = []
+        for due in missing:
+            if ranges and due - ranges[-1][1] <= 3_000:
+                ranges[-1][1] = due
+                ranges[-1][2] += 1
+            else:
+                ranges.append([due, due, 1])
+        lines += [
+            "Missing ticks by due instant (instants with at least one job missing):",
+            "",
+            *(f"- {_clock(a)} .. {_clock(b)}: {n} instants" for a, b, n in ranges[:30]),
+            "",
+        ]
+    return lines
+
+
+def _clock(ms: float) -> str:
+    return f"{dt.datetime.fromtimestamp(ms / 1000):%T}"

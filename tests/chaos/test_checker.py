@@ -123,3 +123,25 @@ async def test_the_command_line_checks_a_real_stream_and_exits_by_verdict(
     assert await asyncio.to_thread(main, [*args, "--until", str(base + 2000)]) == 0
     # One second further the window holds a tick nobody published.
     assert await asyncio.to_thread(main, [*args, "--until", str(base + 3000)]) == 1
+
+
+def test_an_acknowledged_trigger_no_longer_at_its_sequence_is_reported() -> None:
+    from harness.ackjournal import Ack
+
+    stream = clean()
+    # seq 3 acknowledged T0+2000, but after a power cut the stream lost it and seq 3 now
+    # holds the next tick; T0+2000 came back at seq 6 (published again).
+    moved = [*stream[:2], trigger(3, T0 + 3000, T0 + 3020), trigger(4, T0 + 4000, T0 + 4020)]
+    moved.append(trigger(5, T0 + 2000, T0 + 2500))
+    acks = [Ack(f"tick:{T0 + 1000}", "S", 2, False, "r0", 0.0)]
+    acks.append(Ack(f"tick:{T0 + 2000}", "S", 3, False, "r1", 0.0))
+    assert check(stream, [JOB], WINDOW, acks=acks).ok
+    verdict = check(moved, [JOB], WINDOW, acks=acks)
+    assert verdict.counts() == {"ack_lost": 1, "out_of_order": 1}
+    lost = next(v for v in verdict.violations if v.kind == "ack_lost")
+    assert lost.job == "tick" and lost.due_ms == T0 + 2000
+    assert "seq 3 now holds 'tick:" in lost.detail and "published again at seq 5" in lost.detail
+    gone = check(stream[:2], [JOB], (T0, T0 + 1000), acks=acks)
+    assert [v.detail for v in gone.violations if v.kind == "ack_lost"] == [
+        "acknowledged to r1 at seq 3; seq 3 is empty; no longer in the stream"
+    ]

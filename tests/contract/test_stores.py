@@ -21,18 +21,21 @@ import pytest
 
 from harness import NatsServer, wait_for_async
 from hrwcron.config import NatsConfig
-from hrwcron.errors import ConflictError, DuplicateNodeError
+from hrwcron.errors import ConflictError, DuplicateNodeError, SubjectTakenError
 from hrwcron.jetstream.connect import ConnectionHooks, connect
+from hrwcron.jetstream.counts import JetStreamCounts
 from hrwcron.jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers
 from hrwcron.jetstream.pipeline import JetStreamPipeline
 from hrwcron.jetstream.provision import Layout, provision
 from hrwcron.jetstream.triggers import JetStreamTriggers
-from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.memory import MemoryClaims, MemoryCounts, MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.model import ClaimRecord, Heartbeat, JobSpec
 from hrwcron.ports import (
     HEADER_MSG_ID,
+    HEADER_RUN,
     HEADER_WATERMARK,
     ClaimsPort,
+    CountsPort,
     FenceConflict,
     JobEvent,
     JobsPort,
@@ -65,6 +68,7 @@ class Backend:
     prefix: str
     # Makes publishes to a subject go unanswered (a hang), returns that subject.
     silence: Callable[[], Awaitable[str]]
+    counts: CountsPort
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +98,10 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
             MemoryMembers(MEMBER_TTL),
             MemoryClaims(),
             triggers,
-            MemoryJobs(),
+            MemoryJobs("ct.trigger"),
             "ct.trigger",
             silence_memory,
+            MemoryCounts(),
         )
         return
     server: NatsServer = request.getfixturevalue("shared_server")
@@ -106,6 +111,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         claims_bucket=f"ct{n}_claims",
         jobs_bucket=f"ct{n}_jobs",
         runs_bucket=f"ct{n}_runs",
+        counts_bucket=f"ct{n}_counts",
         stream=f"CT{n}_TRIGGERS",
         subject_prefix=f"ct{n}.trigger",
         member_ttl=MEMBER_TTL,
@@ -131,9 +137,17 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
             JetStreamMembers(js, await js.key_value(layout.members_bucket), layout.members_bucket),
             JetStreamClaims(js, claims_kv, layout.claims_bucket, pipeline),
             JetStreamTriggers(js, layout.stream, layout.subject_prefix, pipeline),
-            JetStreamJobs(js, await js.key_value(layout.jobs_bucket), layout.jobs_bucket),
+            JetStreamJobs(
+                js,
+                await js.key_value(layout.jobs_bucket),
+                layout.jobs_bucket,
+                claims_bucket=layout.claims_bucket,
+                subject_prefix=layout.subject_prefix,
+                client=client,
+            ),
             layout.subject_prefix,
             silence_jetstream,
+            JetStreamCounts(js, await js.key_value(layout.counts_bucket), layout.counts_bucket),
         )
     finally:
         await client.close()
@@ -470,6 +484,55 @@ async def test_follow_on_an_empty_stream_is_loaded_at_once(backend: Backend) -> 
         await feed.close()
 
 
+async def test_the_run_number_travels_with_the_trigger(backend: Backend) -> None:
+    subject = f"{backend.prefix}.counted"
+    first = await backend.triggers.publish(
+        subject, b"{}", {**headers("c:1000", 1000), HEADER_RUN: "7"}, 0
+    )
+    assert await backend.triggers.last(subject) == LastTrigger(first.seq, "c:1000", 1000, 7)
+    feed = Stream(backend.triggers.follow())
+    try:
+        assert await feed.until(None) == [(subject, LastTrigger(first.seq, "c:1000", 1000, 7))]
+        plain = await backend.triggers.publish(subject, b"{}", headers("c:2000", 2000), first.seq)
+        # A trigger without the header (a job without max_runs) reads as run 0.
+        assert await feed.next() == (subject, LastTrigger(plain.seq, "c:2000", 2000, 0))
+    finally:
+        await feed.close()
+
+
+# --- run counts ------------------------------------------------------------------------------
+
+
+async def test_run_count_only_grows(backend: Backend) -> None:
+    counts = backend.counts
+    assert await counts.get("job.a") is None
+    raised = await counts.raise_total("job.a", 3)
+    assert (raised.total, raised.base) == (3, 0)
+    lower = await counts.raise_total("job.a", 2)
+    assert (lower.total, lower.base) == (3, 0)
+    stored = await counts.get("job.a")
+    assert stored is not None and (stored.total, stored.base) == (3, 0)
+    assert await counts.get("job.b") is None
+
+
+async def test_concurrent_raises_settle_on_the_largest(backend: Backend) -> None:
+    counts = backend.counts
+    await asyncio.gather(*(counts.raise_total("job.c", n) for n in (4, 9, 2, 7, 9, 1)))
+    stored = await counts.get("job.c")
+    assert stored is not None and stored.total == 9
+
+
+async def test_run_count_reset_starts_again_from_the_largest_total(backend: Backend) -> None:
+    counts = backend.counts
+    await counts.raise_total("job.d", 5)
+    reset = await counts.reset("job.d", 3)
+    assert (reset.total, reset.base) == (5, 5)
+    again = await counts.reset("job.e", 2)  # never counted in the bucket: the stream's number
+    assert (again.total, again.base) == (2, 2)
+    raised = await counts.raise_total("job.d", 6)
+    assert (raised.total, raised.base) == (6, 5)
+
+
 # --- members -------------------------------------------------------------------------------
 
 
@@ -616,3 +679,68 @@ async def test_job_last_revision_counts_every_write(backend: Backend) -> None:
     assert before < written == await backend.jobs.last_revision()
     await backend.jobs.delete("counted", None)
     assert await backend.jobs.last_revision() > written
+
+
+async def test_two_jobs_never_share_a_trigger_subject(backend: Backend) -> None:
+    shared = f"{backend.prefix}.shared"
+    await backend.jobs.put(spec("first", subject=shared), 0)
+    with pytest.raises(SubjectTakenError):
+        await backend.jobs.put(spec("second", subject=shared), 0)
+    await backend.jobs.put(spec("plain"), 0)
+    with pytest.raises(SubjectTakenError):  # nor another job's own subject
+        await backend.jobs.put(spec("third", subject=f"{backend.prefix}.plain"), None)
+    assert set(await backend.jobs.snapshot()) == {"first", "plain"}
+    # Once the holder moves on or is deleted, the subject is free.
+    await backend.jobs.put(spec("first", subject=f"{backend.prefix}.elsewhere"), None)
+    await backend.jobs.put(spec("second", subject=shared), 0)
+    await backend.jobs.delete("second", None)
+    await backend.jobs.put(spec("third", subject=shared), 0)
+
+
+async def test_put_many_answers_each_job_as_put_would(backend: Backend) -> None:
+    jobs = backend.jobs
+    shared = f"{backend.prefix}.shared"
+    kept = await jobs.put(spec("kept"), 0)
+    gone = await jobs.put(spec("gone"), 0)
+    await jobs.delete("gone", gone)
+    await jobs.put(spec("holder", subject=shared), 0)
+    answers = await jobs.put_many(
+        [
+            (spec("new.one"), 0),  # never existed
+            (spec("new.two", "@every 2s"), 0),
+            (spec("gone", "@every 3s"), 0),  # its key holds a delete marker
+            (spec("kept", "@every 4s"), 0),  # exists: create-only refuses
+            (spec("taker", subject=shared), 0),  # another job's subject
+            (spec("kept", "@every 5s"), kept + 1000),  # stale revision
+            (spec("twin.a", subject=f"{backend.prefix}.twin"), 0),
+            (spec("twin.b", subject=f"{backend.prefix}.twin"), 0),  # same subject, same batch
+        ]
+    )
+    assert [type(a).__name__ for a in answers] == [
+        "int",
+        "int",
+        "int",
+        "ConflictError",
+        "SubjectTakenError",
+        "ConflictError",
+        "int",
+        "SubjectTakenError",
+    ]
+    snapshot = await jobs.snapshot()
+    assert set(snapshot) == {"kept", "holder", "new.one", "new.two", "gone", "twin.a"}
+    assert snapshot["new.two"].revision == answers[1]
+    assert snapshot["gone"].spec == spec("gone", "@every 3s")
+    assert snapshot["kept"].spec == spec("kept") and snapshot["kept"].revision == kept
+    # The subjects written by the batch are held: nobody else can have them now.
+    with pytest.raises(SubjectTakenError):
+        await jobs.put(spec("thief", subject=f"{backend.prefix}.new.one"), 0)
+    again = await jobs.put_many([(spec("new.one", "@every 9s"), answers[0]), (spec("x"), None)])
+    assert all(isinstance(a, int) for a in again)
+
+
+async def test_delete_many_answers_each_job(backend: Backend) -> None:
+    first = await backend.jobs.put(spec("a"), 0)
+    await backend.jobs.put(spec("b"), 0)
+    answers = await backend.jobs.delete_many([("a", first + 100), ("b", None)])
+    assert isinstance(answers[0], ConflictError) and answers[1] is None
+    assert set(await backend.jobs.snapshot()) == {"a"}

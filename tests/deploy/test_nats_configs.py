@@ -274,6 +274,8 @@ async def test_provision_with_scheduler_role(
         "bucket hrwcron_claims",
         "bucket hrwcron_jobs",
         "bucket hrwcron_runs",
+        "bucket hrwcron_counts",
+        "bucket hrwcron_processed",
         f"stream {STREAM}",
     ]
     assert all("replicas 3" in line for line in lines), lines
@@ -295,6 +297,7 @@ async def test_worker_cannot_fire_or_claim(
             "$KV.hrwcron_claims.forged.1",
             "$KV.hrwcron_members.forged",
             "$KV.hrwcron_jobs.forged",
+            "$KV.hrwcron_counts.forged",
             f"$JS.API.STREAM.PURGE.{STREAM}",
             "$JS.API.STREAM.DELETE.KV_hrwcron_claims",
         ):
@@ -350,3 +353,26 @@ async def test_anonymous_clients_are_refused(shipped_cluster: ShippedCluster) ->
         await nats.connect(
             servers=shipped_cluster.urls[:1], allow_reconnect=False, connect_timeout=5
         )
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(NATS_DIR)))
+def test_config_flushes_jetstream_writes_before_acknowledging(path: Path) -> None:
+    # Without it a power cut loses what the server acknowledged in the last two minutes.
+    block = re.search(r"(?ms)^jetstream \{\n(.*?)^\}", path.read_text())
+    assert block is not None, f"{path.name} has no jetstream block"
+    assert re.search(r"(?m)^\s*sync_interval: always$", block.group(1))
+
+
+def test_shipped_cluster_runs_with_sync_always(shipped_cluster: ShippedCluster) -> None:
+    for server in shipped_cluster.servers:
+        assert server.varz()["jetstream"]["config"].get("sync_always") is True, server.name
+
+
+def test_helm_values_flush_before_acknowledging() -> None:
+    readme = (NATS_DIR.parent / "deploy" / "kubernetes" / "README.md").read_text()
+    values = re.search(r"(?ms)^# nats-values\.yaml\n(.*?)^```", readme)
+    assert values is not None
+    import yaml
+
+    config = yaml.safe_load(values.group(1))["config"]["jetstream"]
+    assert config["merge"] == {"sync_interval": "always"}

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import nats
-from nats.js.api import StreamConfig
+from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
 from harness import NatsServer, free_ports
 
@@ -17,14 +17,18 @@ RESOURCES = [
     "bucket hrwcron_claims",
     "bucket hrwcron_jobs",
     "bucket hrwcron_runs",
+    "bucket hrwcron_counts",
+    "bucket hrwcron_processed",
     "stream HRWCRON_TRIGGERS",
 ]
 
 
-def provision(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def provision(
+    url: str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hrwcron", "provision", *extra],
-        env={"PATH": "/usr/bin:/bin", "HRWCRON_NATS_URL": url},
+        env={"PATH": "/usr/bin:/bin", "HRWCRON_NATS_URL": url, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
@@ -39,6 +43,22 @@ async def test_creates_then_verifies(nats_server: NatsServer) -> None:
     assert all(": created (" in line for line in lines), lines
     assert "subjects hrwcron.trigger.>" in lines[-1]
     assert "duplicate window 10m" in lines[-1]
+    # The worker SDK's idempotency bucket keeps a record as long as the stream keeps a trigger.
+    assert lines[-2].endswith("(file storage, replicas 1, max age 24h)"), lines[-2]
+    # Claims in memory (Msg-Id and fencing stop duplicates), jobs and triggers on disk.
+    storage = {
+        line.split(":")[0]: line.split(" storage")[0].rsplit(" ", 1)[-1].lstrip("(")
+        for line in lines
+    }
+    assert storage == {
+        "bucket hrwcron_members": "memory",
+        "bucket hrwcron_claims": "memory",
+        "bucket hrwcron_jobs": "file",
+        "bucket hrwcron_runs": "memory",
+        "bucket hrwcron_counts": "file",
+        "bucket hrwcron_processed": "file",
+        "stream HRWCRON_TRIGGERS": "file",
+    }
 
     again = await asyncio.to_thread(provision, nats_server.url)
     assert again.returncode == 0, again.stderr
@@ -59,6 +79,34 @@ async def test_a_contradicting_stream_is_reported_and_left_alone(nats_server: Na
         assert info.config.subjects == ["elsewhere.>"]
     finally:
         await nc.close()
+
+
+async def test_a_worker_bucket_unlike_the_layout_is_reported_and_left_alone(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        # As a worker given processed_storage="memory" would have created it.
+        await js.create_key_value(
+            config=KeyValueConfig(bucket="hrwcron_processed", storage=StorageType.MEMORY)
+        )
+        done = await asyncio.to_thread(provision, nats_server.url)
+        assert done.returncode == 1
+        assert done.stdout == ""
+        assert "bucket hrwcron_processed has memory storage" in done.stderr
+        assert "file" in done.stderr and "scheduler.storage" in done.stderr
+        info = await js.stream_info("KV_hrwcron_processed")
+        assert info.config.storage == StorageType.MEMORY
+    finally:
+        await nc.close()
+
+
+async def test_claims_on_disk_when_configured(nats_server: NatsServer) -> None:
+    env = {"HRWCRON_SCHEDULER_CLAIMS_STORAGE": "file"}
+    done = await asyncio.to_thread(lambda: provision(nats_server.url, env=env))
+    assert done.returncode == 0, done.stderr
+    assert "bucket hrwcron_claims: created (file storage" in done.stdout
 
 
 def test_an_unreachable_server_fails_within_the_timeout() -> None:

@@ -18,10 +18,13 @@ from .procs import (
     faketime_available,
     faketime_env,
     find_libfaketime,
+    marked_processes,
 )
+from .rundir import KEEP_DIRS_ENV, keep_dirs, run_dir
 from .wait import wait_for, wait_for_async
 
 __all__ = [
+    "KEEP_DIRS_ENV",
     "LOOPBACK",
     "ExitStatus",
     "FaketimeUnavailable",
@@ -34,7 +37,10 @@ __all__ = [
     "faketime_env",
     "find_libfaketime",
     "free_ports",
+    "keep_dirs",
+    "marked_processes",
     "nats_server_binary",
+    "run_dir",
     "wait_for",
     "wait_for_async",
 ]

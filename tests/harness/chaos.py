@@ -297,7 +297,7 @@ class Violation:
 
 def due_instants(spec: JobSpec, start_ms: float, end_ms: float) -> list[int]:
     """The job's nominal due instants in ``[start_ms, end_ms]``."""
-    schedule = Schedule.parse(spec.schedule, spec.tz)
+    schedule = Schedule.parse(spec.schedule, spec.tz, job=spec.name)
     found = []
     due = schedule.next_after(int(start_ms) - 1)
     while due <= end_ms:
@@ -336,7 +336,7 @@ def find_violations(
             per_job[trigger.job].append(trigger)
     start, end = window
     for name, spec in specs.items():
-        schedule = Schedule.parse(spec.schedule, spec.tz)
+        schedule = Schedule.parse(spec.schedule, spec.tz, job=spec.name)
         jitter = jitter_ms(name, spec.jitter)
         mine = per_job.get(name, [])
         seen: dict[str, Trigger] = {}
@@ -430,8 +430,11 @@ class ReplicaFleet:
         env: Mapping[str, str] | None = None,
         prefix: str = "r",
         args: Sequence[str] = ("run",),
+        module: str | None = "hrwcron",
     ) -> None:
         self.nats_url = nats_url
+        # None runs ``python <args>``: a wrapper script such as the ack journal's.
+        self.module = module
         self.log_dir = Path(log_dir)
         self.env = dict(env or {})
         self.args = list(args)
@@ -481,6 +484,7 @@ class ReplicaFleet:
             self.args,
             env,
             self.log_dir / f"{self.nodes[i]}.log",
+            module=self.module,
             inherit_env=False,
             start=False,
         )

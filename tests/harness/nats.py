@@ -32,7 +32,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from hrwcron.children import die_with_parent
+
 from .procs import forget_child, register_child
+from .rundir import KEEP_DIRS_ENV, run_dir
 from .wait import wait_for
 
 __all__ = [
@@ -54,7 +57,7 @@ _READY_RE = re.compile(r"Server is ready")
 _PROBLEM_RE = re.compile(r"\[(FTL|ERR)\]")
 _LOG_PREFIX_RE = re.compile(r"^\[\d+\] \d{4}/\d\d/\d\d ")
 
-_KEEP_DIRS_ENV = "HRWCRON_KEEP_NATS_DIRS"
+_KEEP_DIRS_ENV = KEEP_DIRS_ENV
 
 
 class NatsServerError(RuntimeError):
@@ -163,7 +166,7 @@ class NatsServer:
         self._monitor_port: int | None = monitor_port if monitor_port > 0 else None
         self._owns_base = base_dir is None
         self.base_dir = Path(
-            tempfile.mkdtemp(prefix="hrwcron-nats-") if base_dir is None else base_dir
+            tempfile.mkdtemp(prefix="nats-", dir=run_dir()) if base_dir is None else base_dir
         )
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.store_dir = self.base_dir / "store"
@@ -261,6 +264,7 @@ class NatsServer:
                 stderr=subprocess.STDOUT,
                 cwd=self.base_dir,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         self._paused = False
         register_child(self._proc)
@@ -480,7 +484,7 @@ class NatsCluster:
         self.start_attempts = start_attempts
         self._owns_base = base_dir is None
         self.base_dir = Path(
-            tempfile.mkdtemp(prefix="hrwcron-cluster-") if base_dir is None else base_dir
+            tempfile.mkdtemp(prefix="cluster-", dir=run_dir()) if base_dir is None else base_dir
         )
         self.servers: list[NatsServer] = []
 

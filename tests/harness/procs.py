@@ -3,7 +3,9 @@
 Every child runs in its own process group so a replica and anything it spawns can be
 signalled together, and so a Ctrl-C aimed at pytest does not reach it half-way through a
 scenario. Children still alive when the interpreter exits are SIGKILLed by an atexit hook,
-because a leaked server or replica would keep ports and JetStream state busy for the next run.
+because a leaked server or replica would keep ports and JetStream state busy for the next run;
+when the interpreter is killed instead, the kernel kills them (PR_SET_PDEATHSIG) and the run
+directory's reaper removes their stores (see ``rundir.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
 
+from hrwcron.children import die_with_parent
+
+from .rundir import register_process, run_dir
+
 __all__ = [
     "DEBIAN_LIBFAKETIME",
     "ExitStatus",
@@ -32,6 +38,7 @@ __all__ = [
     "faketime_available",
     "faketime_env",
     "find_libfaketime",
+    "marked_processes",
 ]
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -39,9 +46,11 @@ _CHILDREN_LOCK = threading.Lock()
 
 
 def register_child(proc: subprocess.Popen[bytes]) -> None:
-    """Remember a child so the atexit hook can kill it if a test forgets to."""
+    """Remember a child so the atexit hook can kill it if a test forgets to, and so the run
+    directory's reaper can if this process is killed before it could."""
     with _CHILDREN_LOCK:
         _CHILDREN[proc.pid] = proc
+    register_process(proc.pid)
 
 
 def forget_child(proc: subprocess.Popen[bytes]) -> None:
@@ -62,6 +71,25 @@ def _kill_leftover_children() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+
+
+def marked_processes(name: str, value: str) -> list[int]:
+    """Live processes whose environment has ``name=value``: a whole process tree, however its
+    members were re-parented, when its root was started with that variable (children inherit
+    it). Zombies count as gone. Linux only (reads /proc)."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and wanted in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
 
 
 class ExitStatus(NamedTuple):
@@ -93,7 +121,7 @@ class ReplicaProcess:
         self.cwd = cwd
         self.inherit_env = inherit_env
         if log_path is None:
-            fd, name = tempfile.mkstemp(prefix="hrwcron-replica-", suffix=".log")
+            fd, name = tempfile.mkstemp(prefix="replica-", suffix=".log", dir=run_dir())
             os.close(fd)
             log_path = name
         self.log_path = Path(log_path)
@@ -128,6 +156,7 @@ class ReplicaProcess:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         self._paused = False
         register_child(self._proc)

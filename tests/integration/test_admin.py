@@ -293,7 +293,7 @@ BAD_REQUESTS: list[tuple[str, Any, str, str]] = [
     ("jobs.list", {"limit": "many"}, "bad_request", "limit"),
     ("jobs.list", {"limit": 0}, "bad_request", "limit"),
     ("trigger", {"name": "existing", "id": "has space"}, "bad_request", "id"),
-    ("trigger", {"name": "existing", "id": "12345"}, "bad_request", "id"),
+    ("trigger", {"name": "existing", "id": "a.b"}, "bad_request", "id"),
     ("trigger", {"name": "missing"}, "not_found", "name"),
     ("backfill", {"name": "existing", "from": "2026-01-01T00:00:00", "to": "2026-01-02T00:00:00Z"},
      "bad_request", "from"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import xxhash
 
 from harness import NatsServer, wait_for_async
 from hrwcron.model import JobSpec
@@ -99,6 +100,38 @@ async def test_jobs_verbs_change_what_the_replicas_run(cluster: Cluster) -> None
     assert gone.code == 2 and "no job named 'cli.job'" in gone.err
 
 
+async def test_extended_cron_forms_through_the_admin_api_and_the_cli(cluster: Cluster) -> None:
+    url = cluster.url
+    put = await hrwcron(
+        url, "jobs", "put", "ops.month-end", "--schedule", "0 0 L * *", "--tz", "Europe/Berlin"
+    )
+    assert put == Result(0, "ops.month-end: created (revision 1)\n", "")
+    nxt = await hrwcron(
+        url, "next", "ops.month-end", "--count", "3", "--after", "2026-01-15T00:00:00Z"
+    )
+    # Midnight in Berlin on the last day: CET in January and February, CEST in March.
+    expected = ["2026-01-30T23:00:00Z", "2026-02-27T23:00:00Z", "2026-03-30T22:00:00Z"]
+    assert nxt == Result(0, "".join(f"{line}\n" for line in expected), "")
+
+    # H is hashed from the job's own name, in the replicas and in `hrwcron next JOB` alike.
+    await hrwcron(url, "jobs", "put", "ops.spread", "--schedule", "H H * * *")
+    minute = xxhash.xxh3_64_intdigest(b"ops.spread\x00minute") % 60
+    hour = xxhash.xxh3_64_intdigest(b"ops.spread\x00hour") % 24
+    spread = await hrwcron(url, "next", "ops.spread", "--after", "2026-01-01T00:00:00Z")
+    assert spread == Result(0, f"2026-01-01T{hour:02d}:{minute:02d}:00Z\n", "")
+    dry = await hrwcron(url, "backfill", "ops.spread", "--from", "2026-01-01T00:00:00Z",
+                        "--to", "2026-01-04T00:00:00Z", "--dry-run")  # fmt: skip
+    assert dry.code == 0 and "3 due instants; would publish 3" in dry.out
+
+    bad = await hrwcron(url, "jobs", "put", "ops.bad", "--schedule", "0 9 * * 1#6")
+    assert bad.code == 2 and bad.out == ""
+    assert "schedule: day-of-week:" in bad.err and "k is from 1 to 5" in bad.err
+    never = await hrwcron(url, "jobs", "put", "ops.never", "--schedule", "0 0 31W 4 *")
+    assert never.code == 2 and "day-of-month:" in never.err and "never fires" in never.err
+    listed = await hrwcron(url, "jobs", "ls")
+    assert "ops.bad" not in listed.out and "ops.never" not in listed.out
+
+
 async def test_trigger_history_status_and_backfill(cluster: Cluster) -> None:
     url = cluster.url
     await cluster.admin.put_job(JobSpec(name="ops.job", schedule="@every 2s"), 0)
@@ -158,11 +191,25 @@ async def test_apply_shows_the_diff_and_prunes(cluster: Cluster, tmp_path: Path)
         "update": [],
         "delete": ["old"],
         "unchanged": ["a.one", "a.two"],
+        "expired": [],
         "dry_run": False,
     }
     assert [e.name for e in await cluster.admin.all_jobs()] == ["a.one", "a.two"]
     same = await hrwcron(url, "apply", str(config), "--prune")
     assert same == Result(0, "no changes\n", "")
+
+    # A one-time job whose instant has passed is not created again (the admin API would refuse
+    # it), and the apply does not fail on it: a file applied after its jobs ran keeps working.
+    later = tmp_path / "later.toml"
+    later.write_text(
+        config.read_text() + '\n[[jobs]]\nname = "a.once"\nschedule = "@at 2020-01-01T09:00:00Z"\n'
+    )
+    again = await hrwcron(url, "apply", str(later))
+    assert again.code == 0, again.err
+    assert again.out.startswith(
+        "= a.once (not created: schedule: @at 2020-01-01T09:00:00.000Z is not in the future"
+    )
+    assert [e.name for e in await cluster.admin.all_jobs()] == ["a.one", "a.two"]
 
     bad = tmp_path / "bad.toml"
     bad.write_text('[[jobs]]\nname = "x"\nschedule = "99 * * * *"\n')

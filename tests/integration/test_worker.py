@@ -21,10 +21,11 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from harness import wait_for_async
 from hrwcron.app import open_stores
-from hrwcron.model import JobSpec, TriggerMessage, encode
+from hrwcron.model import JobSpec
 from hrwcron.worker import DONE, Processed, Trigger, Worker
 
 from .replicas import Cluster, replica_config, scheduled_dues
+from .workers import publish
 
 DEADLINE = 20.0
 
@@ -39,23 +40,6 @@ async def nc(nats_url: str) -> AsyncIterator[Client]:
     await client.close()
 
 
-async def publish(nc: Client, job: str, due_ms: int, headers: dict[str, str] | None = None) -> str:
-    tick = f"{job}:{due_ms}"
-    body = TriggerMessage(
-        job=job,
-        tick=tick,
-        due="",
-        due_ms=due_ms,
-        fired_at="",
-        node="test",
-        attempt=1,
-        payload={"n": due_ms},
-    )
-    sent = {"Nats-Msg-Id": tick, **(headers or {})}
-    await nc.jetstream().publish(f"hrwcron.trigger.{job}", encode(body), headers=sent)
-    return tick
-
-
 async def test_redelivery_while_running_runs_the_handler_once(nc: Client) -> None:
     runs: list[tuple[str, int]] = []
     release = asyncio.Event()
@@ -65,10 +49,10 @@ async def test_redelivery_while_running_runs_the_handler_once(nc: Client) -> Non
         await release.wait()
 
     worker = Worker(nc, slow, durable="once", ack_wait=1.0, heartbeat=0.5, run_markers=False)
-    # A heartbeat slower than ack_wait (the constructor refuses it) stops the in-progress acks,
-    # so the server redelivers while the first run is busy, as after a lost ack.
-    worker.heartbeat = 5.0
     await worker.start()
+    # A heartbeat slower than ack_wait (the constructor and start() refuse it) stops the
+    # in-progress acks, so the server redelivers while the first run is busy, as after lost acks.
+    worker.heartbeat = 5.0
     try:
         tick = await publish(nc, "report", 1_000)
         await wait_for_async(lambda: worker.stats.busy >= 1, timeout=DEADLINE)
@@ -111,7 +95,14 @@ async def test_trigger_processed_before_a_crash_is_acked_without_running(nc: Cli
     async def handler(trigger: Trigger) -> None:
         runs.append(trigger.tick)
 
-    worker = Worker(nc, handler, durable="crashy", run_markers=False)
+    worker = Worker(
+        nc,
+        handler,
+        durable="crashy",
+        subjects="hrwcron.trigger.crashy",
+        heartbeat=0.5,  # at most half the consumer's ack_wait, or start() refuses it
+        run_markers=False,
+    )
     await worker.start()
     try:
         await wait_for_async(lambda: worker.stats.duplicates == 1, timeout=DEADLINE)
@@ -204,6 +195,12 @@ def test_worker_refuses_settings_that_cannot_work() -> None:
         Worker(client, handler, durable="x", backoff=[])
     with pytest.raises(ValueError, match="concurrency"):
         Worker(client, handler, durable="x", concurrency=0)
+    with pytest.raises(ValueError, match="max_deliver"):
+        Worker(client, handler, durable="x", max_deliver=0)
+    with pytest.raises(ValueError, match="bucket_replicas"):
+        Worker(client, handler, durable="x", bucket_replicas=7)
+    with pytest.raises(ValueError, match="processed_ttl"):
+        Worker(client, handler, durable="x", processed_ttl=0)
 
 
 async def test_long_run_makes_the_scheduler_skip_overlapping_ticks(nats_url: str) -> None:

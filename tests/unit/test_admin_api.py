@@ -57,8 +57,8 @@ def test_empty_body_is_an_empty_object_and_from_to_are_renamed() -> None:
 
 @pytest.mark.parametrize(
     ("value", "ok"),
-    [("rerun-1", True), ("a", True), ("123", False), ("has space", False), ("x" * 65, False),
-     ("a:b", False), ("", False)],
+    [("rerun-1", True), ("a", True), ("123", True), ("-5000", True), ("has space", False),
+     ("x" * 65, False), ("a:b", False), ("a.b", False), ("", False)],
 )  # fmt: skip
 def test_manual_ids(value: str, ok: bool) -> None:
     assert (manual_id_problem(value) is None) is ok

@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.__main__ import README_BEGIN, README_END, update_readme  # noqa: E402
-from bench.burst import BurstResult  # noqa: E402
+from bench.burst import BurstResult, Floor  # noqa: E402
 from bench.common import Stored, Summary, percentile, ratio  # noqa: E402
 from bench.failover import check_ticks  # noqa: E402
 from bench.precision import _parse_rfc3339_ms, _rfc3339  # noqa: E402
@@ -89,3 +89,27 @@ def test_readme_block_replaced_only_between_markers(tmp_path: Path) -> None:
     plain.write_text("no markers\n")
     assert not update_readme(plain, "new\n")
     assert plain.read_text() == "no markers\n"
+
+
+def test_durability_section_sets_the_two_sync_settings_side_by_side() -> None:
+    from bench.durability import DurabilityResult, SyncRun
+    from bench.precision import Run
+    from bench.report import durability_section
+
+    default = SyncRun("default", {"single": 60_000.0, "R3": 20_000.0})
+    always = SyncRun("always", {"single": 6_000.0, "R3": 3_000.0})
+    default.claims_per_s[("R3", "memory")] = 9_000.0
+    always.claims_per_s[("R3", "file")] = 2_500.0
+    run = Run("hrwcron", "R3", True, 10, 5, expected=50)
+    run.lateness_ms = [1.0, 2.0, 3.0]
+    always.precision = [run]
+    always.burst = BurstResult(jobs=100, deployment="single", herd_ms=[0.0, 2_000.0])
+    always.burst.floors = [Floor(64, 0.5)]
+    lines = durability_section(DurabilityResult(5_000, 5_000, [default, always]))
+    text = "\n".join(lines)
+    assert "| what | sync_interval default | sync_interval always |" in text
+    assert "| publishes, single | 60,000/s | 6,000/s |" in text
+    assert "| claim writes, file bucket, R3 | — | 2,500/s |" in text
+    assert "| precision R3, spread | — | p50 2.0 / p99 " in text
+    assert "| herd of 100: last trigger stored | — | 2.00 s (4.0× floor) |" in text
+    assert durability_section(None) == []

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from hrwcron import __version__
 from hrwcron.cli import format_instant, main
@@ -146,6 +147,36 @@ def test_next_accepts_offsets_and_prints_millis_only_when_needed(
     assert (code, out) == (0, ["2026-01-01T00:00:01.500Z", "2026-01-01T00:00:03Z"])
 
 
+# Forms that used to be refused, answered by `hrwcron next` as a new user would try them.
+FORM_CASES = [
+    ("0 0 L * *", ["2026-01-31T00:00:00Z", "2026-02-28T00:00:00Z", "2026-03-31T00:00:00Z"]),
+    ("0 9 * * 1#2", ["2026-01-12T09:00:00Z", "2026-02-09T09:00:00Z", "2026-03-09T09:00:00Z"]),
+    ("0 */30 * * *", ["2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z", "2026-01-04T00:00:00Z"]),
+    ("0 9 15W * *", ["2026-01-15T09:00:00Z", "2026-02-16T09:00:00Z", "2026-03-16T09:00:00Z"]),
+    ("0 18 * * 5L", ["2026-01-30T18:00:00Z", "2026-02-27T18:00:00Z", "2026-03-27T18:00:00Z"]),
+    ("0 12 ? * MON", ["2026-01-05T12:00:00Z", "2026-01-12T12:00:00Z", "2026-01-19T12:00:00Z"]),
+]
+
+
+@pytest.mark.parametrize(("expr", "expected"), FORM_CASES)
+def test_next_answers_the_extended_forms(
+    capsys: pytest.CaptureFixture[str], expr: str, expected: list[str]
+) -> None:
+    argv = ["next", expr, "--after", "2026-01-01T01:00:00Z", "--count", "3"]
+    assert run(capsys, *argv) == (0, expected, "")
+
+
+def test_next_hashes_H_from_the_job_named_by_job(capsys: pytest.CaptureFixture[str]) -> None:
+    job = "reports.daily"
+    minute = xxhash.xxh3_64_intdigest(job.encode() + b"\x00minute") % 60
+    hour = xxhash.xxh3_64_intdigest(job.encode() + b"\x00hour") % 24
+    argv = ["next", "H H * * *", "--job", job, "--after", "2026-01-01T23:59:00Z", "--count", "2"]
+    expected = [f"2026-01-0{day}T{hour:02d}:{minute:02d}:00Z" for day in (2, 3)]
+    assert run(capsys, *argv) == (0, expected, "")
+    other = run(capsys, "next", "H H * * *", "--job", "billing.nightly", "--count", "2")[1]
+    assert other != run(capsys, "next", "H H * * *", "--job", job, "--count", "2")[1]
+
+
 def test_next_defaults_to_now(capsys: pytest.CaptureFixture[str]) -> None:
     before = datetime.now(UTC)
     code, out, _ = run(capsys, "next", "* * * * * *")  # every second
@@ -163,8 +194,24 @@ def test_next_defaults_to_now(capsys: pytest.CaptureFixture[str]) -> None:
         (["next", "30 2 * * *", "--count", "0"], ["--count"]),
         (["next", "30 2 * * *", "--count", "many"], ["--count"]),
         (["next", "61 * * * *"], ["hrwcron next: error:", "61"]),
+        (["next", "H * * * *"], ["--job", "'H' in minute", "no job name was given"]),
+        (["next", "H * * * *", "--job", "a b"], ["--job", "'a b'"]),
+        (["next", "reports.daily", "--job", "x"], ["--job", "JOB already names the job"]),
+        (["next", "0 0 31W 4 *"], ["day-of-month", "'31W'", "never fires"]),
+        (["next", "0 9 * * 1#6"], ["day-of-week", "k is from 1 to 5"]),
+        (["next", "0 */0 * * *"], ["hour", "step 0"]),
         (["next", "30 2 * * *", "--tz", "Mars/Olympus_Mons"], ["tz", "Mars/Olympus_Mons"]),
         (["next", "30 2 * * *", "--after", "1066-10-14T09:00:00Z"], ["hrwcron next: error:"]),
+        (["next", "@at 2026-12-24"], ["@at", "no time of day"]),
+        (["next", "0 * * * *", "--start", "2026-03-01T00:00:00"], ["--start", "no UTC offset"]),
+        (
+            ["next", "0 * * * *", "--start", "2026-03-02T00:00Z", "--end", "2026-03-01T00:00Z"],
+            ["--end", "is before start"],
+        ),
+        (["next", "0 * * * *", "--exclude", "Easter"], ["--exclude", "'Easter' is not understood"]),
+        (["next", "0 * * * *", "--exclude", "@every 1h"], ["--exclude", "@every"]),
+        (["next", "reports.daily", "--start", "2026-03-01T00:00Z"], ["--start", "its own start"]),
+        (["next", "reports.daily", "--exclude", "2026-12-25"], ["--exclude", "own exclusions"]),
         (["owner", "bad job!", "--nodes", "a,b"], ["JOB", "bad job!"]),
         (["owner", "j", "--nodes", "a,,b"], ["--nodes"]),
         (["owner", "j", "--nodes", "a,b,a"], ["'a' is listed twice"]),
@@ -181,6 +228,105 @@ def test_bad_input_is_exit_2_with_stderr_only(
     capsys: pytest.CaptureFixture[str], argv: list[str], needles: list[str]
 ) -> None:
     assert_usage_error(*run(capsys, *argv), *needles)
+
+
+WINDOWED = [
+    pytest.param(
+        [
+            "@at 2026-12-24T09:00:00",
+            "--tz",
+            "Europe/Berlin",
+            "--after",
+            "2026-01-01T00:00:00Z",
+            "--count",
+            "3",
+        ],
+        ["2026-12-24T08:00:00Z"],
+        "1 instant: a one-time schedule is due once, at 2026-12-24T08:00:00Z",
+        id="at-once",
+    ),
+    pytest.param(
+        [
+            "0 * * * *",
+            "--start",
+            "2026-03-01T10:00:00Z",
+            "--end",
+            "2026-03-01T12:00:00Z",
+            "--after",
+            "2026-03-01T00:00:00Z",
+            "--count",
+            "5",
+        ],
+        ["2026-03-01T10:00:00Z", "2026-03-01T11:00:00Z", "2026-03-01T12:00:00Z"],
+        "3 instants: no tick after the end, 2026-03-01T12:00:00Z",
+        id="window",
+    ),
+    pytest.param(
+        [
+            "*/30 * * * *",
+            "--tz",
+            "America/New_York",
+            "--end",
+            "2026-03-08T07:00:00Z",
+            "--after",
+            "2026-03-08T05:45:00Z",
+            "--count",
+            "4",
+        ],
+        ["2026-03-08T06:00:00Z", "2026-03-08T06:30:00Z", "2026-03-08T07:00:00Z"],
+        "3 instants: no tick after the end, 2026-03-08T07:00:00Z",
+        id="end-at-the-spring-gap",
+    ),
+    pytest.param(
+        [
+            "0 9 * * *",
+            "--tz",
+            "Europe/Berlin",
+            "--exclude",
+            "* * 25 12 *",
+            "--exclude",
+            "2026-12-27..2026-12-28",
+            "--after",
+            "2026-12-23T12:00:00Z",
+            "--count",
+            "3",
+        ],
+        ["2026-12-24T08:00:00Z", "2026-12-26T08:00:00Z", "2026-12-29T08:00:00Z"],
+        "",
+        id="exclusions",
+    ),
+    pytest.param(
+        ["0 * * * *", "--exclude", "* * * * *", "--count", "2"],
+        [],
+        "0 instants: the exclusions leave no further tick within the next 100 years",
+        id="everything-excluded",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected", "note"), WINDOWED)
+def test_next_shows_the_effect_of_windows_and_exclusions(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: list[str], note: str
+) -> None:
+    code, out, err = run(capsys, "next", *argv)
+    assert (code, out) == (0, expected)
+    assert err == (f"hrwcron next: {note}\n" if note else "")
+
+
+def test_next_explain_names_the_rule_that_excludes_each_tick(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["next", "@every 1h", "--exclude", "* * * * 6,0", "--explain", "--count", "2"]
+    code, out, err = run(capsys, *argv, "--after", "2026-01-02T22:30:00Z")
+    assert (code, err) == (0, "")
+    assert out == [
+        "2026-01-02T23:00:00Z  fires",
+        "2026-01-03T00:00:00Z  excluded by '* * * * 6,0', and every tick before "
+        "2026-01-04T00:00:00Z",
+        "2026-01-04T00:00:00Z  excluded by '* * * * 6,0', and every tick before "
+        "2026-01-05T00:00:00Z",
+        "2026-01-05T00:00:00Z  fires",
+    ]
 
 
 def test_owner_prints_the_hrw_ranking(capsys: pytest.CaptureFixture[str]) -> None:
@@ -213,7 +359,7 @@ def test_check_config_accepts_the_example(
     code, out, err = run(capsys, "check-config", str(EXAMPLE))
     assert (code, err) == (0, "")
     assert len(out) == 1
-    assert out[0].startswith(f"{EXAMPLE}: OK: 4 jobs, node id ")
+    assert out[0].startswith(f"{EXAMPLE}: OK: 7 jobs, node id ")
 
 
 def test_check_config_applies_or_ignores_the_environment(
@@ -380,4 +526,4 @@ def test_console_script_check_config_example() -> None:
         env=_env_without_hrwcron(),
     )
     assert result.returncode == 0, result.stderr
-    assert "OK: 4 jobs" in result.stdout
+    assert "OK: 7 jobs" in result.stdout

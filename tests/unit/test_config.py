@@ -56,7 +56,7 @@ def test_defaults_without_file() -> None:
     assert (s.jobs_bucket, s.runs_bucket) == ("hrwcron_jobs", "hrwcron_runs")
     assert (s.stream, s.subject_prefix) == ("HRWCRON_TRIGGERS", "hrwcron.trigger")
     assert s.stream_subjects == "hrwcron.trigger.>"
-    assert (s.replicas, s.storage) == (1, "file")
+    assert (s.replicas, s.storage, s.claims_storage) == (1, "file", "memory")
     assert (s.duplicate_window, s.stream_max_age) == (600.0, 86400.0)
     assert (s.apply_jobs, s.shutdown_timeout, s.max_in_flight, s.per_job_metrics) == (
         True,
@@ -149,6 +149,7 @@ weight = 0
 member_ttl = 0.5
 hearbeat_interval = 1
 storage = "disk"
+claims_storage = "ssd"
 replicas = 7
 stream_max_age = 60
 node_id = "web 1"
@@ -208,6 +209,7 @@ def test_broken_file_reports_every_problem_at_once() -> None:
         "scheduler.member_ttl",
         "scheduler.hearbeat_interval",
         "scheduler.storage",
+        "scheduler.claims_storage",
         "scheduler.replicas",
         "scheduler.stream_max_age",
         "scheduler.node_id",
@@ -231,6 +233,7 @@ def test_broken_file_reports_every_problem_at_once() -> None:
     assert "jobs[0]" in by_where["jobs[6].subject"]
     assert "is required" in by_where["jobs[4].schedule"]
     assert "'disk'" in by_where["scheduler.storage"]
+    assert "'ssd'" in by_where["scheduler.claims_storage"]
     # Every line names the file, as check-config prints them.
     assert all(line.startswith("test.toml: ") for line in err.lines())
     assert "test.toml: scheduler.member_ttl: " in str(err)
@@ -524,3 +527,117 @@ def test_example_file_is_valid() -> None:
     assert len(cfg.jobs) >= 3
     assert any(job.tz != "UTC" for job in cfg.jobs)
     assert config_warnings(cfg) == []
+
+
+def test_jobs_accept_the_extended_cron_forms_and_name_the_field_of_a_bad_one() -> None:
+    cfg = parse(
+        """
+[[jobs]]
+name = "month-end"
+schedule = "0 0 L * *"
+
+[[jobs]]
+name = "spread.hourly"
+schedule = "H * * * *"
+
+[[jobs]]
+name = "quartz"
+schedule = "0 0 9 ? * 1#2"
+"""
+    )
+    assert [job.schedule for job in cfg.jobs] == ["0 0 L * *", "H * * * *", "0 0 9 ? * 1#2"]
+    err = problems(
+        """
+[[jobs]]
+name = "ok"
+schedule = "H H * * *"
+
+[[jobs]]
+name = "never"
+schedule = "0 0 31W 4 *"
+
+[[jobs]]
+name = "sixth-monday"
+schedule = "0 9 * * 1#6"
+"""
+    )
+    by_where = {p.where: p.message for p in err.problems}
+    assert set(by_where) == {"jobs[1].schedule", "jobs[2].schedule"}
+    assert by_where["jobs[1].schedule"].startswith("day-of-month: ")
+    assert "never fires" in by_where["jobs[1].schedule"]
+    assert by_where["jobs[2].schedule"].startswith("day-of-week: ")
+
+
+def test_jobs_take_windows_exclusions_run_limits_and_toml_dates() -> None:
+    cfg = parse(
+        """
+[[jobs]]
+name = "campaign"
+schedule = "0 * * * *"
+tz = "Europe/Berlin"
+start = 2026-03-01T00:00:00+01:00
+end = "2026-03-31T23:00:00+02:00"
+exclude = [2026-03-15, "2026-03-20..2026-03-22", "* 0-6 * * *"]
+max_runs = 500
+delete_after = "1h"
+
+[[jobs]]
+name = "remind"
+schedule = "@at 2020-12-24T09:00:00"
+delete_after = 60
+"""
+    )
+    campaign, remind = cfg.jobs
+    # A TOML date-time or date written without quotes is read as its ISO text.
+    assert campaign.start == "2026-03-01T00:00:00+01:00"
+    assert campaign.exclude == ["2026-03-15", "2026-03-20..2026-03-22", "* 0-6 * * *"]
+    assert (campaign.max_runs, campaign.delete_after) == (500, 3600.0)
+    # An @at in the past loads: a file that worked keeps working after its one-time jobs ran.
+    assert remind.schedule == "@at 2020-12-24T09:00:00"
+
+
+def test_bad_window_fields_are_located_in_the_file() -> None:
+    err = problems(
+        """
+[[jobs]]
+name = "backwards"
+schedule = "0 * * * *"
+start = 2026-03-02T00:00:00Z
+end = 2026-03-01T00:00:00Z
+
+[[jobs]]
+name = "local"
+schedule = "0 * * * *"
+start = 2026-03-01T00:00:00
+exclude = ["2026-12-24", "* * 32 * *"]
+max_runs = 0
+
+[[jobs]]
+name = "forever"
+schedule = "0 * * * *"
+delete_after = "1h"
+"""
+    )
+    by_where = {p.where: p.message for p in err.problems}
+    assert set(by_where) == {
+        "jobs[0].end",
+        "jobs[1].start",
+        "jobs[1].exclude[1]",
+        "jobs[1].max_runs",
+        "jobs[2].delete_after",
+    }
+    assert "is before start" in by_where["jobs[0].end"]
+    assert "no UTC offset" in by_where["jobs[1].start"]
+    assert "day-of-month" in by_where["jobs[1].exclude[1]"]
+    assert "run out of ticks" in by_where["jobs[2].delete_after"]
+
+
+def test_claims_storage_follows_storage_memory_and_its_own_setting() -> None:
+    from hrwcron.jetstream.provision import Layout, StorageType
+
+    assert Layout().claims_storage_type == StorageType.MEMORY
+    assert Layout(claims_storage="file").claims_storage_type == StorageType.FILE
+    # Everything in memory includes the claims, whatever claims_storage says.
+    assert Layout(storage="memory", claims_storage="file").claims_storage_type == (
+        StorageType.MEMORY
+    )

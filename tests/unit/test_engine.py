@@ -31,7 +31,9 @@ from hrwcron.ports import (
     NullObserver,
     Published,
 )
+from hrwcron.schedule import field_hash
 from hrwcron.scheduler import Scheduler, Settings
+from hrwcron.ticks import manual_claim_key
 
 MEMBER_TTL = 0.8
 FAST = Settings(
@@ -135,7 +137,7 @@ class HangingClaims:
         self.reads: dict[str, int] = {}  # claim key -> how often this replica read it
 
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
-        if key.rsplit(".", 1)[0] in self.hung:
+        if key.rsplit(".", 2)[0] in self.hung:  # <job>.<kind>.<value>
             await asyncio.Event().wait()
         return await self.inner.create(key, record, ttl)
 
@@ -153,6 +155,9 @@ class HangingClaims:
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
     ) -> int | None:
         return await self.inner.replace(key, record, last_revision, ttl)
+
+    async def release(self, key: str, last_revision: int) -> bool:
+        return await self.inner.release(key, last_revision)
 
 
 class GatedTriggers:
@@ -489,6 +494,21 @@ async def test_job_added_live_does_not_fire_past_instants(cluster: Cluster) -> N
     assert cluster.of("hourly") == []  # its last instant was before the job existed
 
 
+async def test_H_fires_at_the_instants_hashed_from_the_job_name(cluster: Cluster) -> None:
+    # Every second second, on the seconds whose parity the job's name picks.
+    jobs = [JobSpec(name=f"pulse.{c}", schedule="H/2 * * * * *") for c in "abcd"]
+    start = await cluster.put(*jobs)
+    await cluster.start_all(["a", "b"])
+    end = second_after(now_ms(), 4)
+    await cluster.run_until(jobs, end)
+    for job in jobs:
+        parity = field_hash(job.name, "second") % 2
+        fired = [t.due_ms // 1000 for t in cluster.of(job.name)]
+        assert len(fired) >= 2 and all(s % 2 == parity for s in fired), (job.name, fired)
+    assert {field_hash(job.name, "second") % 2 for job in jobs} == {0, 1}
+    assert cluster.violations(jobs, (start, end)) == ""
+
+
 async def test_manual_trigger_does_not_fence_scheduled_ticks(cluster: Cluster) -> None:
     job = every_second("manual-ok")
     start = await cluster.put(job)
@@ -499,9 +519,10 @@ async def test_manual_trigger_does_not_fence_scheduled_ticks(cluster: Cluster) -
     # Its due lies ahead of the next scheduled ticks: were it taken as the job's watermark,
     # those ticks would look done and be fenced off.
     msg_id, due = f"{job.name}:manual:1", second_after(now_ms(), 3)
-    outcome = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual")
+    key = manual_claim_key(job.name, "1")
+    outcome = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual", key)
     assert outcome == "started"
-    again = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual")
+    again = await other.scheduler.publish_unscheduled(job.name, msg_id, due, "manual", key)
     assert again == "duplicate"
     end = second_after(now_ms(), 3)
     await cluster.run_until([job], end)
@@ -515,7 +536,9 @@ async def test_manual_trigger_does_not_fence_scheduled_ticks(cluster: Cluster) -
 async def test_bad_manual_trigger_names_the_job(cluster: Cluster) -> None:
     replica = await cluster.start("a")
     with pytest.raises(Exception, match="nope"):
-        await replica.scheduler.publish_unscheduled("nope", "nope:1", 1, "manual")
+        await replica.scheduler.publish_unscheduled(
+            "nope", "nope:manual:1", 1, "manual", manual_claim_key("nope", "1")
+        )
     assert cluster.triggers.messages == []
 
 

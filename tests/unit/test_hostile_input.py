@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from hrwcron.admin import service as admin_service
 from hrwcron.admin.api import REQUEST_TYPES, ErrorReply, RequestProblem, decode_request
 from hrwcron.config import ConfigFileError, parse_config
 from hrwcron.errors import JobSpecError, Problem
@@ -22,7 +21,8 @@ from hrwcron.jetstream.triggers import _last
 from hrwcron.memory import MemoryJobs
 from hrwcron.model import DEFAULT_MAX_PAYLOAD, JobSpec, TriggerMessage, decode_job
 from hrwcron.ports import HEADER_MSG_ID, HEADER_WATERMARK
-from hrwcron.scheduler import Settings
+
+from .serving import serving
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -350,29 +350,6 @@ class _Request:
         self.error = (code, description, data)
 
 
-class _Scheduler:
-    """The part of a scheduler that the job verbs read."""
-
-    def __init__(self) -> None:
-        self.settings = Settings(node_id="fuzz")
-        self.jobs: dict[str, Any] = {}
-        self.node = "fuzz"
-
-
-class _Client:
-    max_payload = 1024 * 1024
-
-
-def _service(jobs: MemoryJobs) -> admin_service.AdminService:
-    return admin_service.AdminService(
-        _Client(),  # type: ignore[arg-type]
-        _Scheduler(),  # type: ignore[arg-type]
-        jobs,
-        None,  # type: ignore[arg-type]
-        duplicate_window=600.0,
-    )
-
-
 # The job verbs that answer from the store alone (pause and resume wait for the engine).
 STORE_VERBS = ("jobs.put", "jobs.get", "jobs.delete", "jobs.list")
 requests = st.one_of(
@@ -404,11 +381,11 @@ def test_an_admin_request_is_served_or_refused_by_name_and_a_refusal_writes_noth
         jobs = MemoryJobs()
         await jobs.put(JobSpec(name="existing", schedule="@every 1s"), None)
         before = await jobs.snapshot()
-        service = _service(jobs)
-        handler = service._handlers[verb]
-        endpoint = service._endpoint(verb, handler)
-        req = _Request(_body(request))
-        await endpoint(req)  # type: ignore[arg-type]
+        async with serving(jobs) as service:
+            handler = service._handlers[verb]
+            endpoint = service._endpoint(verb, handler)
+            req = _Request(_body(request))
+            await endpoint(req)  # type: ignore[arg-type]
         after = await jobs.snapshot()
         if req.error is not None:
             status, description, data = req.error
@@ -478,9 +455,9 @@ def test_a_trigger_body_decodes_or_fails_with_a_decode_error(data: bytes) -> Non
 def test_the_admin_api_refuses_subject_injecting_names_before_writing(name: str) -> None:
     async def scenario() -> None:
         jobs = MemoryJobs()
-        service = _service(jobs)
         req = _Request(msgspec.json.encode({"spec": {"name": name, "schedule": "@every 1s"}}))
-        await service._endpoint("jobs.put", service._handlers["jobs.put"])(req)  # type: ignore[arg-type]
+        async with serving(jobs) as service:
+            await service._endpoint("jobs.put", service._handlers["jobs.put"])(req)  # type: ignore[arg-type]
         assert req.error is not None
         body = msgspec.json.decode(req.error[2], type=ErrorReply).error
         assert (body.code, body.field) == ("bad_request", "spec.name")

@@ -53,6 +53,17 @@ def status_doc(text: str = "plain") -> dict[str, Any]:
         "jobs_total": 2,
         "owned_total": 1,
         "limit": 1,
+        "prefix": text,
+        "order": "due",
+        "next": f"1001000:{text}",
+        "summary": {
+            "jobs": 2,
+            "paused": 0,
+            "bad": 1,
+            "owned": {"a": 1, text: 1},
+            "no_owner": 0,
+            "missed_last_hour": 3,
+        },
         "jobs": [
             {
                 "name": "billing.sweep",
@@ -95,14 +106,18 @@ def status_doc(text: str = "plain") -> dict[str, Any]:
 class FakeSource:
     def __init__(self) -> None:
         self.reason = ""
-        self.calls: list[tuple[int, bool]] = []
+        self.calls: list[tuple[int, bool, str, str]] = []
         self.text = "plain"
 
     def not_ready_reason(self) -> str:
         return self.reason
 
-    async def status(self, limit: int, timeline: bool) -> dict[str, Any]:
-        self.calls.append((limit, timeline))
+    async def status(
+        self, limit: int, timeline: bool, *, prefix: str = "", after: str = ""
+    ) -> dict[str, Any]:
+        if after == "nonsense":
+            raise ValueError("'nonsense' is not a cursor of a page in due order")
+        self.calls.append((limit, timeline, prefix, after))
         return status_doc(self.text)
 
 
@@ -163,13 +178,17 @@ async def test_status_limit_and_timeline(
     status, _, body = await get(server, "/status?limit=7&timeline=1")
     assert status == 200
     assert json.loads(body)["node"] == "a"
-    assert source.calls[-1] == (7, True)
-    await get(server, "/status")
-    assert source.calls[-1] == (100, False)
+    assert source.calls[-1] == (7, True, "", "")
+    await get(server, "/status?prefix=billing.&after=1001000:billing.a")
+    assert source.calls[-1] == (100, False, "billing.", "1001000:billing.a")
     for bad in ("abc", "0", "10001", "-1"):
         status, _, body = await get(server, f"/status?limit={bad}")
         assert status == 400
         assert "limit must be an integer from 1 to 10000" in json.loads(body)["error"]
+    status, _, body = await get(server, "/status?after=nonsense")
+    assert status == 400 and "not a cursor" in json.loads(body)["error"]
+    status, _, body = await get(server, "/status?prefix=" + "a" * 2000)
+    assert status == 400 and "longer than 1024" in json.loads(body)["error"]
     assert len(source.calls) == 2  # a bad request never reaches the source
 
 
@@ -195,7 +214,7 @@ async def test_page_is_escaped_and_forbids_scripts(
     source.text = HOSTILE
     status, headers, body = await get(server, "/?limit=1")
     assert status == 200
-    assert source.calls[-1] == (1, True)
+    assert source.calls[-1] == (1, True, "", "")
     assert headers["content-security-policy"] == PAGE_CSP
     assert "script-src 'none'" in PAGE_CSP
     page = body.decode()
@@ -203,7 +222,13 @@ async def test_page_is_escaped_and_forbids_scripts(
     assert "<img" not in page.lower()
     assert "&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;" in page
     assert '<meta http-equiv="refresh"' in page
-    assert "showing 1 of 2 jobs" in page
+    assert "showing 1 of 2 jobs, soonest due first" in page
+    # The next page keeps limit and prefix; the cursor and the prefix are escaped in the link.
+    (link,) = re.findall(r'<a href="([^"]*)">next 1</a>', page)
+    assert link.startswith("?limit=1&amp;after=1001000%3A%3Cscript%3E")
+    assert "&amp;prefix=%3Cscript%3E" in link
+    assert re.search(r'<p id="jobs-summary">2 jobs: 0 paused, 1 bad · owned: a 1, ', page)
+    assert "3 ticks missed in the last hour" in page
 
 
 def test_every_hostile_field_is_escaped() -> None:
@@ -212,6 +237,34 @@ def test_every_hostile_field_is_escaped() -> None:
     assert not re.search(raw, page)
     # Each place the text appears is escaped (the timeline label, tables, lists, JSON payload).
     assert page.count("&lt;script&gt;") >= 12
+
+
+def test_page_shows_window_exclusions_state_and_runs_left() -> None:
+    doc = status_doc()
+    job = doc["jobs"][0]
+    job.update(
+        state="done",
+        start="2026-03-01T00:00:00Z",
+        end=HOSTILE,
+        exclude=["* * 25 12 *", HOSTILE],
+        max_runs=3,
+        runs_done=3,
+        runs_left=0,
+        next_due_ms=None,
+        next_due="",
+        next_fire_ms=None,
+    )
+    page = render_page(doc)
+    assert not re.search(re.escape(HOSTILE), page)
+    assert "from 2026-03-01T00:00:00Z" in page
+    assert "except <code>* * 25 12 *</code>" in page
+    assert '<span class="muted">done</span>' in page
+    assert "0 of 3 runs left" in page
+    job.update(state="waiting", next_due_ms=1_001_000, next_fire_ms=1_001_000, runs_left=None)
+    job["next_due"] = "1970-01-01T00:16:41.000Z"
+    page = render_page(doc)
+    assert "waiting for start</span><br>1970-01-01T00:16:41.000Z" in page
+    assert "runs left" not in page
 
 
 def test_parse_listen() -> None:

@@ -1,6 +1,6 @@
 """The shipped Grafana dashboard and Prometheus files: they parse, every metric and label they
 use is one hrwcron exports, and (with promtool installed) the queries compile and the alerts
-fire on the series they are meant for."""
+fire on the series they are meant for and stay quiet on a healthy cluster (alerts_test.yml)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "hrwcron-dashboard.json"
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+ALERT_TESTS = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
 # Labels Prometheus adds at scrape (job, instance, replica from the relabelling) or that
 # histograms carry (le), besides hrwcron's own.
 SCRAPE_LABELS = {"job", "instance", "replica", "le"}
@@ -124,7 +125,7 @@ def promtool(*args: str, cwd: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: prometheus)")
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make system-deps)")
 def test_promtool_accepts_the_files_and_every_dashboard_query(tmp_path: Path) -> None:
     promtool("check", "config", str(PROMETHEUS), cwd=PROMETHEUS.parent)
     promtool("check", "rules", str(ALERTS), cwd=tmp_path)
@@ -138,80 +139,36 @@ def test_promtool_accepts_the_files_and_every_dashboard_query(tmp_path: Path) ->
     promtool("check", "rules", str(path), cwd=tmp_path)
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: prometheus)")
-def test_alerts_fire_on_the_series_they_watch(tmp_path: Path) -> None:
-    # This checks when alerts fire; their annotation templates are checked by check rules.
-    doc = yaml.safe_load(ALERTS.read_text())
-    for group in doc["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations", None)
-    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(doc))
-    labels = 'job="hrwcron",instance="scheduler-0:9464"'
-    tests = {
-        "rule_files": ["alerts.yml"],
-        "evaluation_interval": "15s",
-        "tests": [
-            {
-                "interval": "15s",
-                "input_series": [
-                    {
-                        "series": "hrwcron_ticks_total"
-                        f'{{{labels},outcome="missed",job_name="a.b"}}',
-                        "values": "0 0 1 1 1",
-                    },
-                    {"series": f"hrwcron_live_members{{{labels}}}", "values": "2 0 0 0 0 0"},
-                    {"series": f"hrwcron_clock_offset_seconds{{{labels}}}", "values": "0.8x20"},
-                    {"series": f"hrwcron_job_digest_mismatch{{{labels}}}", "values": "1x20"},
-                    {"series": f"hrwcron_ready{{{labels}}}", "values": "1 0x10"},
-                ],
-                "alert_rule_test": [
-                    {
-                        "eval_time": "1m",
-                        "alertname": "HrwcronMissedTicks",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {"severity": "critical", "job_name": "a.b"},
-                            }
-                        ],
-                    },
-                    {
-                        "eval_time": "1m",
-                        "alertname": "HrwcronNoLiveMembers",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {"severity": "critical"},
-                            }
-                        ],
-                    },
-                    {"eval_time": "1m", "alertname": "HrwcronClockSkew", "exp_alerts": []},
-                    {
-                        "eval_time": "3m",
-                        "alertname": "HrwcronClockSkew",
-                        "exp_alerts": [
-                            {"exp_labels": {"severity": "warning", **label_map(labels)}}
-                        ],
-                    },
-                    {
-                        "eval_time": "3m",
-                        "alertname": "HrwcronJobDigestMismatch",
-                        "exp_alerts": [
-                            {"exp_labels": {"severity": "warning", "instance": "scheduler-0:9464"}}
-                        ],
-                    },
-                    {
-                        "eval_time": "2m",
-                        "alertname": "HrwcronReplicaNotReady",
-                        "exp_alerts": [
-                            {"exp_labels": {"severity": "warning", **label_map(labels)}}
-                        ],
-                    },
-                ],
-            }
-        ],
-    }
-    (tmp_path / "alerts_test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
-    promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
+def alert_tests() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(ALERT_TESTS.read_text())
+    assert doc["rule_files"] == [ALERTS.name]
+    return list(doc["tests"])
 
 
-def label_map(text: str) -> dict[str, str]:
-    return dict(pair.replace('"', "").split("=", 1) for pair in text.split(","))
+def test_every_alert_has_a_unit_test_that_fires_it_and_one_that_keeps_it_quiet() -> None:
+    """The promtool test file covers every rule both ways, so an alert added without a test, or
+    tested only for firing, is caught even where promtool is not installed."""
+    fires: dict[str, int] = {}
+    quiet_when_healthy: set[str] = set()
+    tests = alert_tests()
+    healthy = tests[0]
+    assert "healthy" in healthy["name"]
+    for case in tests:
+        for check in case["alert_rule_test"]:
+            name = check["alertname"]
+            if check.get("exp_alerts"):
+                # Exactly one alert: a rule that fires once per replica where one is broken
+                # would page several times for one fault.
+                assert len(check["exp_alerts"]) == 1, (case["name"], name)
+                assert check["exp_alerts"][0]["exp_annotations"], (case["name"], name)
+                fires[name] = fires.get(name, 0) + 1
+            elif case is healthy:
+                quiet_when_healthy.add(name)
+    rules = {r["alert"] for r in alert_rules()}
+    assert set(fires) == rules, f"alerts no test fires: {sorted(rules - set(fires))}"
+    assert quiet_when_healthy == rules, f"not checked quiet: {sorted(rules - quiet_when_healthy)}"
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make system-deps)")
+def test_alerts_fire_on_the_series_they_watch_and_stay_quiet_otherwise() -> None:
+    promtool("test", "rules", ALERT_TESTS.name, cwd=ALERT_TESTS.parent)

@@ -42,6 +42,44 @@ def test_agrees_with_croniter_without_dst(
         assert at == int(expected.timestamp() * 1000), expr
 
 
+# Quartz-style forms and wide steps, with croniter's spelling where it differs (its last
+# weekday n is Ln, ours nL). croniter reads 31W in a 30-day month as the weekday nearest the
+# 30th; hrwcron has no day 31 there (like a plain 31), so nW stays within 1-28 here.
+EXTENDED = st.sampled_from(
+    [
+        ("0 0 L * *", "0 0 L * *"),
+        ("30 9 1W * *", "30 9 1W * *"),
+        ("0 9 15W * *", "0 9 15W * *"),
+        ("0 9 28W * *", "0 9 28W * *"),
+        ("0 9 * * 1#2", "0 9 * * 1#2"),
+        ("0 9 * * 5#5", "0 9 * * 5#5"),
+        ("0 9 * * 0#1", "0 9 * * 0#1"),
+        ("0 9 * * 5L", "0 9 * * L5"),
+        ("0 9 * * 0L", "0 9 * * L0"),
+        ("0 */30 * * *", "0 */30 * * *"),
+        ("*/61 * * * *", "*/61 * * * *"),
+        ("0 0 1 */13 *", "0 0 1 */13 *"),
+        ("0 12 ? * MON", "0 12 ? * MON"),
+        ("0 12 13 * ?", "0 12 13 * ?"),
+    ]
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(EXTENDED, ZONES, STARTS)
+def test_extended_forms_agree_with_croniter_without_dst(
+    pair: tuple[str, str], zone: str, start: int
+) -> None:
+    ours, theirs = pair
+    schedule = Schedule.parse(ours, zone)
+    oracle = croniter(theirs, datetime.fromtimestamp(start, tz=ZoneInfo(zone)))
+    at = start * 1000
+    for _ in range(5):
+        expected = oracle.get_next(datetime)
+        at = schedule.next_after(at)
+        assert at == int(expected.timestamp() * 1000), ours
+
+
 def test_croniter_fires_twice_in_a_repeated_hour_and_we_do_not() -> None:
     """The reason croniter is not used at run time: 01:30 happens twice on 2026-11-01 in New
     York; croniter fires both passes, the DST policy fires the first pass only."""

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from ..model import JobSpec
+from ..model import MAX_PAYLOAD_DEPTH, JobSpec
 
 ADMIN_PREFIX = "hrwcron.admin"
 SERVICE_NAME = "hrwcron"
@@ -22,12 +22,14 @@ MAX_LIST = 10_000
 MAX_HISTORY = 1_000
 MAX_BACKFILL = 1_000
 MAX_STATUS = 10_000
+MAX_BULK = 10_000
 
 # Every verb, in the order the service registers them; subjects are <prefix>.<verb>.
 VERBS = (
     "jobs.list",
     "jobs.get",
     "jobs.put",
+    "jobs.bulk",
     "jobs.delete",
     "jobs.pause",
     "jobs.resume",
@@ -50,9 +52,13 @@ ERROR_CODES = {
 CALLER_ERRORS = frozenset({"bad_request", "not_found", "conflict", "too_large"})
 
 _MANUAL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-MANUAL_ID_RULE = "1-64 letters, digits, '_' or '-', not only digits"
+MANUAL_ID_RULE = "1-64 letters, digits, '_' or '-'"
 
 Limit = Annotated[int, msgspec.Meta(ge=1)]
+# A reply's size in bytes: 0 means as much as one reply can carry (the server's max_payload).
+# Lists, status and history stop a page at whichever of ``limit`` and ``max_bytes`` comes first
+# and say where the next page starts.
+MaxBytes = Annotated[int, msgspec.Meta(ge=0)]
 Revision = Annotated[int, msgspec.Meta(ge=0)]
 Instant = Annotated[datetime, msgspec.Meta(tz=True)]
 
@@ -62,9 +68,9 @@ def subject(verb: str, prefix: str = ADMIN_PREFIX) -> str:
 
 
 def manual_id_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a manual trigger id. All digits is refused because
-    ``<job>.manual.<digits>`` is also the claim key of a job named ``<job>.manual``."""
-    if not _MANUAL_ID.fullmatch(value) or value.isdigit():
+    """Why ``value`` cannot be a manual trigger id: it is one token of the tick key and of
+    the claim key (see :func:`hrwcron.ticks.claim_key`)."""
+    if not _MANUAL_ID.fullmatch(value):
         return f"{value[:80]!r} is not a valid trigger id; {MANUAL_ID_RULE}"
     return None
 
@@ -99,18 +105,21 @@ class ListJobs(_Request):
     prefix: str = ""
     after: str = ""  # page cursor: only names sorting after this one
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_LIST)] = 1_000
+    max_bytes: MaxBytes = 0
 
 
 class JobEntry(msgspec.Struct, kw_only=True):
     name: str
     revision: int
     spec: JobSpec | None = None
-    error: str = ""  # set when the stored value is not a valid job
+    # Set when the stored value is not a valid job, or too large for a reply (spec left out).
+    error: str = ""
 
 
 class JobList(msgspec.Struct, kw_only=True):
     jobs: list[JobEntry]
     next: str = ""  # pass as ``after`` for the next page; empty on the last page
+    total: int = 0  # jobs matching ``prefix``, on every page together
 
 
 class GetJob(_Request):
@@ -128,6 +137,60 @@ class PutResult(msgspec.Struct, kw_only=True):
     name: str
     revision: int
     created: bool
+
+
+class BulkPut(_Request):
+    """One job of a ``jobs.bulk`` request: the same fields as ``jobs.put``."""
+
+    spec: JobSpec
+    revision: Revision | None = None
+
+
+class BulkDelete(_Request):
+    name: str
+    revision: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class PutJobs(_Request):
+    """Many job writes and deletions in one request. Each item is decoded and validated on
+    its own, so a bad one is refused alone; with ``atomic`` any refusal writes nothing; with
+    ``dry_run`` nothing is written and every answer says what a write would do."""
+
+    jobs: Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BULK)] = msgspec.field(
+        default_factory=list
+    )
+    delete: Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BULK)] = msgspec.field(
+        default_factory=list
+    )
+    atomic: bool = False
+    dry_run: bool = False
+
+
+# What happened to one job of a bulk request (or, with dry_run, what would).
+BulkOutcome = Literal[
+    "created",  # written, new
+    "updated",  # written over a stored one
+    "unchanged",  # the stored spec is this one already: nothing written
+    "deleted",
+    "absent",  # to delete, but there is no such job: nothing to do
+    "refused",  # invalid, or its subject is another job's: see problems
+    "conflict",  # the job is not at the revision asked for, or changed while written
+    "skipped",  # valid, but not written because the request is atomic and others failed
+    "failed",  # NATS did not confirm the write: it may or may not have happened; retry
+]
+
+
+class JobOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str
+    outcome: BulkOutcome
+    revision: int = 0  # the job's revision after the write (or as found, when unchanged)
+    problems: list[ProblemBody] = msgspec.field(default_factory=list)
+
+
+class BulkResult(msgspec.Struct, kw_only=True):
+    jobs: list[JobOutcome]  # one per item of ``jobs``, in request order
+    deleted: list[JobOutcome]  # one per item of ``delete``, in request order
+    dry_run: bool = False
 
 
 class DeleteJob(_Request):
@@ -192,7 +255,11 @@ class BackfillResult(msgspec.Struct, kw_only=True):
 class StatusRequest(_Request):
     name: str = ""  # one job only
     prefix: str = ""
+    # "name": jobs by name; "due": soonest next firing first, paused and finished jobs last.
+    order: Literal["name", "due"] = "name"
+    after: str = ""  # page cursor: the ``next`` of the previous page
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATUS)] = 1_000
+    max_bytes: MaxBytes = 0
 
 
 class MemberStatus(msgspec.Struct, kw_only=True):
@@ -226,9 +293,27 @@ class JobStatus(msgspec.Struct, kw_only=True):
     revision: int
     owner: str | None
     order: list[str]  # owner first, then the failover candidates
-    next_due: str | None  # nominal due instant of the next tick (None when paused)
+    next_due: str | None  # nominal due instant of the next tick that fires (None: none left)
     next_fire: str | None  # next_due plus the job's jitter
     last: LastTriggerStatus | None
+    # paused | waiting (for its start) | active | done (one-time passed, runs used up) | ended
+    state: str = "active"
+    runs_done: int | None = None  # with max_runs: scheduled triggers fired so far
+    runs_left: int | None = None
+    # Why the job's last tick could not be fired (e.g. the server refused its trigger).
+    problem: str = ""
+
+
+class StatusSummary(msgspec.Struct, kw_only=True):
+    """The whole job set in a few numbers, as the answering replica sees it: small enough
+    for one reply at any number of jobs."""
+
+    jobs: int = 0  # loaded and running (paused ones included)
+    paused: int = 0
+    bad: int = 0  # stored specs not loaded, and jobs whose last trigger the server refused
+    owned: dict[str, int] = msgspec.field(default_factory=dict)  # jobs per owner
+    no_owner: int = 0  # jobs no live member is eligible for (tags)
+    missed_last_hour: int = 0  # ticks that passed their lateness window unpublished
 
 
 class StatusReply(msgspec.Struct, kw_only=True):
@@ -238,13 +323,17 @@ class StatusReply(msgspec.Struct, kw_only=True):
     digest: str
     members: list[MemberStatus]
     jobs: list[JobStatus]
-    total_jobs: int
-    truncated: bool
+    total_jobs: int  # jobs matching name or prefix, on every page together
+    truncated: bool  # more pages follow
+    next: str = ""  # pass as ``after`` for the next page; empty on the last page
+    summary: StatusSummary = msgspec.field(default_factory=StatusSummary)
 
 
 class HistoryRequest(_Request):
     name: str
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_HISTORY)] = 20
+    before: Annotated[int, msgspec.Meta(ge=0)] = 0  # page cursor: only older stream sequences
+    max_bytes: MaxBytes = 0
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
@@ -257,18 +346,21 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     node: str
     attempt: int
     payload: Any = None
+    omitted: str = ""  # why ``payload`` was left out (too large for a reply)
 
 
 class HistoryReply(msgspec.Struct, kw_only=True):
     name: str
     subject: str
     triggers: list[HistoryEntry]  # newest first
+    next: int = 0  # pass as ``before`` for older triggers; 0 when there are none
 
 
 REQUEST_TYPES: dict[str, type[_Request]] = {
     "jobs.list": ListJobs,
     "jobs.get": GetJob,
     "jobs.put": PutJob,
+    "jobs.bulk": PutJobs,
     "jobs.delete": DeleteJob,
     "jobs.pause": PauseJob,
     "jobs.resume": PauseJob,
@@ -310,3 +402,10 @@ def decode_request(data: bytes, request_type: type[R]) -> R:
         raise RequestProblem(where, message) from None
     except msgspec.DecodeError as exc:
         raise RequestProblem("", f"request body is not JSON: {exc}") from None
+    except RecursionError:
+        # Deeper than any valid request. A job's payload is the only untyped field, so the
+        # only one that can nest this far before a type check stops the decoder.
+        where = "spec.payload" if "spec" in request_type.__struct_fields__ else ""
+        raise RequestProblem(
+            where, f"nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep"
+        ) from None

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo, DeliverPolicy
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from ..errors import ConflictError, DuplicateNodeError
-from ..model import ClaimRecord, Heartbeat, JobSpec, decode_job, encode
-from ..ports import ClaimWrite, JobEvent, MemberRecord
+from ..errors import ConflictError, DuplicateNodeError, SubjectTakenError
+from ..model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec, decode_job, encode
+from ..ports import ClaimWrite, JobEvent, MemberRecord, StoreUnavailable
 from .pipeline import WRONG_LAST_SEQUENCE, JetStreamPipeline, first, sequence_or_none
 
 MARKER_REASON = "Nats-Marker-Reason"  # a server-placed TTL or purge marker, not a value
@@ -42,6 +46,33 @@ async def conditional_put(
     return int(ack.seq)
 
 
+async def conditional_delete(js: JetStreamContext, bucket: str, key: str, last: int) -> bool:
+    """Place a delete marker on ``key`` only if its revision is ``last`` (0: it has none)."""
+    try:
+        await js.publish(
+            f"$KV.{bucket}.{key}",
+            b"",
+            headers={KV_OP: KV_DEL, EXPECTED_LAST_SUBJECT_SEQ: str(last)},
+        )
+    except APIError as exc:
+        if exc.err_code in WRONG_LAST_SEQUENCE:
+            return False
+        raise
+    return True
+
+
+async def last_message(js: JetStreamContext, bucket: str, key: str) -> tuple[int, bytes | None]:
+    """The revision of ``key``'s newest message, deletions included (0 when it has none), and
+    its value (None when deleted or never written)."""
+    try:
+        msg = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
+        return 0, None
+    headers = msg.headers or {}
+    deleted = headers.get(KV_OP) in (KV_DEL, KV_PURGE) or MARKER_REASON in headers
+    return int(msg.seq or 0), None if deleted else (msg.data or b"")
+
+
 async def create_only(
     js: JetStreamContext, bucket: str, key: str, value: bytes, ttl: float | None = None
 ) -> int | None:
@@ -60,6 +91,116 @@ async def create_only(
     return await conditional_put(js, bucket, key, value, int(last.seq), ttl)
 
 
+# Writes a pipelined batch keeps outstanding at most (it sends more once half have been
+# answered), and how long the whole batch may take.
+PIPELINE_WINDOW = 4096
+PIPELINE_TIMEOUT = 30.0
+
+
+class _Ack(msgspec.Struct):
+    seq: int = 0
+    error: dict[str, Any] | None = None
+
+
+async def pipelined_puts(
+    client: Client,
+    writes: Sequence[tuple[str, bytes, int]],
+    *,
+    window: int = PIPELINE_WINDOW,
+    timeout: float = PIPELINE_TIMEOUT,
+) -> list[int | Exception | None]:
+    """Publish every ``(subject, value, expected last subject sequence)`` to JetStream, each
+    compare-and-set like :func:`conditional_put`, with up to ``window`` in flight on one reply
+    subscription: the answer per write is its stream sequence, None when the expectation did
+    not hold, or the error. A write without an answer in ``timeout`` gets StoreUnavailable: it
+    may or may not have been applied.
+
+    One core publish per write and one shared inbox, and the sender pauses only when a whole
+    window is outstanding, so the client flushes writes in large batches. Awaiting each
+    ``js.publish`` costs a task, a timer and a flush per write: several times the work."""
+    loop = asyncio.get_running_loop()
+    prefix = client.new_inbox()
+    futures: list[asyncio.Future[bytes]] = []
+    outstanding = 0
+    room = asyncio.Event()
+
+    def settle(future: asyncio.Future[bytes], value: bytes | Exception) -> None:
+        nonlocal outstanding
+        if future.done():
+            return
+        if isinstance(value, Exception):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+        outstanding -= 1
+        if outstanding <= window // 2:
+            room.set()
+
+    async def answered(msg: Msg) -> None:
+        future = futures[int(msg.subject[len(prefix) + 1 :])]
+        if (msg.headers or {}).get("Status") == "503":
+            settle(future, StoreUnavailable("no stream answered the write (503)"))
+        else:
+            settle(future, msg.data)
+
+    subscription = await client.subscribe(
+        f"{prefix}.*", cb=answered, pending_msgs_limit=-1, pending_bytes_limit=-1
+    )
+    results: list[int | Exception | None] = []
+    try:
+        deadline = loop.time() + timeout
+        for index, (subject, value, last) in enumerate(writes):
+            if outstanding >= window:
+                room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(room.wait(), max(0.0, deadline - loop.time()))
+                if loop.time() >= deadline:
+                    break  # JetStream stopped answering: send no more
+            futures.append(loop.create_future())
+            outstanding += 1
+            await client.publish(
+                subject,
+                value,
+                reply=f"{prefix}.{index}",
+                headers={EXPECTED_LAST_SUBJECT_SEQ: str(last)},
+            )
+        pending = [f for f in futures if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+        results = [_ack_result(future) for future in futures]
+        unsent = StoreUnavailable("not written: JetStream stopped answering earlier writes")
+        results += [unsent] * (len(writes) - len(futures))
+    finally:
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
+        for future in futures:
+            if not future.done():
+                future.cancel()
+    return results
+
+
+def _ack_result(future: asyncio.Future[bytes]) -> int | Exception | None:
+    if not future.done():
+        return StoreUnavailable("no answer from JetStream in time")
+    if future.exception() is not None:
+        error = future.exception()
+        assert isinstance(error, Exception)
+        return error
+    try:
+        ack = msgspec.json.decode(future.result(), type=_Ack)
+    except msgspec.MsgspecError as exc:
+        return StoreUnavailable(f"unreadable answer from JetStream: {exc}")
+    if ack.error is not None:
+        if ack.error.get("err_code") in WRONG_LAST_SEQUENCE:
+            return None
+        try:
+            APIError.from_error(ack.error)  # raises the error's own class
+        except APIError as exc:
+            return exc
+        return APIError(**ack.error)
+    return ack.seq
+
+
 async def _entry(kv: KeyValue, key: str) -> KeyValue.Entry | None:
     try:
         return await kv.get(key)
@@ -67,15 +208,53 @@ async def _entry(kv: KeyValue, key: str) -> KeyValue.Entry | None:
         return None
 
 
-async def _snapshot(kv: KeyValue) -> list[KeyValue.Entry]:
-    watcher = await kv.watchall(ignore_deletes=True)
+def nothing_to_read(info: ConsumerInfo) -> bool:
+    """A new consumer with nothing pending and nothing delivered by the server. The client's
+    own count of delivered messages is no substitute: a message the server sent is not
+    counted until it has arrived whole, which for large ones takes a while."""
+    delivered = info.delivered.consumer_seq if info.delivered else 0
+    return (info.num_pending or 0) == 0 and not delivered
+
+
+async def _snapshot(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
+    """The newest entry of every live key, read through one ordered consumer. Not nats-py's
+    watch: it announces the end of the initial values when the server had nothing pending as
+    the watch began, even while those values are still arriving, and with large values a
+    listing came back short or empty."""
+    prefix = f"$KV.{bucket}."
+    subscription = await js.subscribe(
+        f"{prefix}>",
+        stream=f"KV_{bucket}",
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+    )
     entries: list[KeyValue.Entry] = []
     try:
-        while (entry := await watcher.updates(timeout=5)) is not None:
-            entries.append(entry)
+        if nothing_to_read(await subscription.consumer_info()):
+            return entries
+        while True:
+            msg = await subscription.next_msg(timeout=5)
+            meta = msg.metadata
+            headers = msg.headers or {}
+            operation = headers.get(KV_OP)
+            if operation not in (KV_DEL, KV_PURGE) and MARKER_REASON not in headers:
+                entries.append(
+                    KeyValue.Entry(
+                        bucket=bucket,
+                        key=msg.subject[len(prefix) :],
+                        value=msg.data,
+                        revision=int(meta.sequence.stream),
+                        delta=meta.num_pending,
+                        created=meta.timestamp,  # type: ignore[arg-type]
+                        operation=operation,
+                    )
+                )
+            if meta.num_pending == 0:
+                return entries
     finally:
-        await watcher.stop()
-    return entries
+        # On a closed connection this raises, and would replace a cancellation.
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
 
 
 async def _latest(js: JetStreamContext, bucket: str) -> list[tuple[str, bytes, int]]:
@@ -106,7 +285,8 @@ async def _watch(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
         async for entry in watcher:
             yield entry
     finally:
-        await watcher.stop()
+        with contextlib.suppress(Exception):
+            await watcher.stop()
 
 
 def _deleted(entry: KeyValue.Entry) -> bool:
@@ -233,12 +413,66 @@ class JetStreamClaims:
         write = self._write(key, record, last_revision, ttl)
         return await first(await self._pipeline.publish_many([write], sequence_or_none))
 
+    async def release(self, key: str, last_revision: int) -> bool:
+        return await conditional_delete(self._js, self._bucket, key, last_revision)
+
+
+# Subject claims live in the claims bucket under keys that no tick claim can have: a claim key
+# starts with a job name, whose tokens never hold '='.
+SUBJECT_CLAIM = "=subject."
+# Compare-and-set rounds a job write may lose to concurrent writers before it gives up.
+WRITE_ATTEMPTS = 8
+# Job writes of one batch that take the full path (reads, claim, job) at the same time.
+WRITE_IN_FLIGHT = 256
+
+
+class SubjectClaim(msgspec.Struct, kw_only=True):
+    """The value of a subject claim: the job that publishes on the subject."""
+
+    job: str
+    v: int = 1
+
+
+class _Stored(msgspec.Struct, frozen=True):
+    """A job key's newest message: its revision (deletions included, 0 for none), its value
+    (None when deleted or never written) and the spec when that value is a valid one."""
+
+    revision: int
+    data: bytes | None
+    spec: JobSpec | None
+
+    @property
+    def live(self) -> bool:
+        return self.data is not None
+
 
 class JetStreamJobs:
-    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+    """Job specs in the jobs bucket. With ``claims_bucket`` every write also holds a
+    create-only claim on the job's trigger subject (key ``=subject.<subject>`` in that bucket),
+    so two jobs can never be written with one subject, whichever replicas write them.
+
+    The claim is written before the job, both compare-and-set. A claim whose job does not
+    use its subject (left by a crash between the two writes, or by a job that moved on) is
+    taken over: first the holder's key is rewritten compare-and-set, so a write of the holder
+    still in flight (it read that revision) fails instead of landing on a subject it no
+    longer holds, then the claim itself is replaced compare-and-set."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        kv: KeyValue,
+        bucket: str,
+        *,
+        claims_bucket: str | None = None,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+        client: Client | None = None,
+    ) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
+        self._claims = claims_bucket
+        self._prefix = subject_prefix
+        self._client = client
 
     @staticmethod
     def _event(entry: KeyValue.Entry) -> JobEvent:
@@ -254,13 +488,15 @@ class JetStreamJobs:
         return JobEvent(entry.key, spec, revision, written_ms=written)
 
     async def snapshot(self) -> dict[str, JobEvent]:
-        return {e.key: self._event(e) for e in await _snapshot(self._kv)}
+        return {e.key: self._event(e) for e in await _snapshot(self._js, self._bucket)}
 
     async def get(self, name: str) -> JobEvent | None:
         entry = await _entry(self._kv, name)
         return None if entry is None or _deleted(entry) else self._event(entry)
 
     async def put(self, spec: JobSpec, last_revision: int | None) -> int:
+        if self._claims is not None:
+            return await self._put_holding_subject(spec, last_revision, self._claims)
         data = encode(spec)
         if last_revision is None:
             return int(await self._kv.put(spec.name, data))
@@ -278,7 +514,160 @@ class JetStreamJobs:
             )
         return revision
 
+    async def put_many(
+        self, items: Sequence[tuple[JobSpec, int | None]], *, in_flight: int = WRITE_IN_FLIGHT
+    ) -> list[int | Exception]:
+        """Write every ``(spec, last_revision)`` as :meth:`put` would, many at once; the
+        answer per item is its new revision or the error ``put`` would have raised.
+
+        A create (``last_revision`` 0) first tries the two create-only writes of a job that
+        never existed, pipelined: every subject claim, then every job whose claim went
+        through. Whatever that leaves over (a delete marker, an existing job or claim, an
+        update) takes ``put``'s own path, ``in_flight`` at a time."""
+        results: list[int | Exception | None] = [None] * len(items)
+        if self._claims is not None and self._client is not None:
+            creates = [i for i, (_, revision) in enumerate(items) if revision == 0]
+            await self._create_new(items, creates, results, self._client, self._claims)
+        slots = asyncio.Semaphore(in_flight)
+
+        async def one(index: int) -> None:
+            spec, revision = items[index]
+            async with slots:
+                try:
+                    results[index] = await self.put(spec, revision)
+                except Exception as exc:
+                    results[index] = exc
+
+        await asyncio.gather(*(one(i) for i, r in enumerate(results) if r is None))
+        return [r if r is not None else StoreUnavailable("not written") for r in results]
+
+    async def _create_new(
+        self,
+        items: Sequence[tuple[JobSpec, int | None]],
+        creates: list[int],
+        results: list[int | Exception | None],
+        client: Client,
+        claims: str,
+    ) -> None:
+        """The fast path of :meth:`put_many` for jobs that never existed. A claim written
+        here whose job then cannot be created (it exists after all) is a stale claim, taken
+        over like one left by a crash between the two writes."""
+        if not creates:
+            return
+        claim_writes = [
+            (
+                f"$KV.{claims}.{SUBJECT_CLAIM}{items[i][0].trigger_subject(self._prefix)}",
+                encode(SubjectClaim(job=items[i][0].name)),
+                0,
+            )
+            for i in creates
+        ]
+        claimed = await pipelined_puts(client, claim_writes)
+        holding: list[int] = []
+        for index, answer in zip(creates, claimed, strict=True):
+            if isinstance(answer, Exception):
+                results[index] = answer  # perhaps written: the caller retries knowingly
+            elif answer is not None:
+                holding.append(index)
+        job_writes = [
+            (f"$KV.{self._bucket}.{items[i][0].name}", encode(items[i][0]), 0) for i in holding
+        ]
+        written = await pipelined_puts(client, job_writes)
+        for index, answer in zip(holding, written, strict=True):
+            if answer is not None:
+                results[index] = answer
+
+    async def _stored(self, name: str) -> _Stored:
+        revision, data = await last_message(self._js, self._bucket, name)
+        if data is None:
+            return _Stored(revision, None, None)
+        try:
+            return _Stored(revision, data, decode_job(data, where=name))
+        except Exception:
+            return _Stored(revision, data, None)
+
+    def _subject_of(self, stored: _Stored) -> str | None:
+        return stored.spec.trigger_subject(self._prefix) if stored.spec is not None else None
+
+    async def _put_holding_subject(
+        self, spec: JobSpec, last_revision: int | None, claims: str
+    ) -> int:
+        subject = spec.trigger_subject(self._prefix)
+        data = encode(spec)
+        for _ in range(WRITE_ATTEMPTS):
+            current = await self._stored(spec.name)
+            if last_revision == 0 and current.live:
+                raise ConflictError(f"job {spec.name!r} already exists")
+            if last_revision and current.revision != last_revision:
+                raise ConflictError(
+                    f"job {spec.name!r} changed since revision {last_revision}: read it again "
+                    "and retry"
+                )
+            if not await self._hold_subject(subject, spec.name, claims):
+                continue  # lost a race on the subject claim: look again
+            revision = await conditional_put(
+                self._js, self._bucket, spec.name, data, current.revision, None
+            )
+            if revision is None:
+                continue  # the job changed meanwhile: check the caller's revision again
+            old = self._subject_of(current)
+            if old is not None and old != subject:
+                await self._release_subject(old, spec.name, claims)
+            return revision
+        raise ConflictError(
+            f"job {spec.name!r} or its subject {subject!r} kept changing while it was written; "
+            "retry"
+        )
+
+    async def _hold_subject(self, subject: str, name: str, claims: str) -> bool:
+        """Make ``name`` the holder of ``subject``'s claim. False when a concurrent write won
+        a compare-and-set (read again); SubjectTakenError when another job uses it."""
+        key = SUBJECT_CLAIM + subject
+        revision, data = await last_message(self._js, claims, key)
+        holder = _claim_holder(data)
+        mine = encode(SubjectClaim(job=name))
+        if holder is not None and holder != name:
+            other = await self._stored(holder)
+            if self._subject_of(other) == subject:
+                raise SubjectTakenError(subject, holder)
+            # Stale. Rewriting the holder's key makes its in-flight write, if any, fail.
+            if other.data is not None:
+                rewritten = await conditional_put(
+                    self._js, self._bucket, holder, other.data, other.revision, None
+                )
+                touched = rewritten is not None
+            else:
+                touched = await conditional_delete(self._js, self._bucket, holder, other.revision)
+            if not touched:
+                return False
+        # Also when this job holds it already: a new revision makes a concurrent take-over,
+        # which read the old one, fail.
+        return await conditional_put(self._js, claims, key, mine, revision, None) is not None
+
+    async def _release_subject(self, subject: str, name: str, claims: str) -> None:
+        """Drop ``name``'s claim on a subject it no longer uses. Best effort: a claim left
+        behind is stale and taken over by the next job that asks for the subject."""
+        key = SUBJECT_CLAIM + subject
+        with contextlib.suppress(Exception):
+            revision, data = await last_message(self._js, claims, key)
+            if _claim_holder(data) == name:
+                await conditional_delete(self._js, claims, key, revision)
+
     async def delete(self, name: str, last_revision: int | None) -> None:
+        current = await self._stored(name) if self._claims is not None else None
+        await self._delete(name, last_revision)
+        subject = self._subject_of(current) if current is not None else None
+        if subject is not None and self._claims is not None:
+            await self._release_subject(subject, name, self._claims)
+
+    async def delete_many(
+        self, items: Sequence[tuple[str, int | None]], *, in_flight: int = WRITE_IN_FLIGHT
+    ) -> list[Exception | None]:
+        """Delete every ``(name, last_revision)`` as :meth:`delete` would, ``in_flight`` at a
+        time; the answer per item is None or the error ``delete`` would have raised."""
+        return await _each(items, lambda item: self.delete(*item), in_flight)
+
+    async def _delete(self, name: str, last_revision: int | None) -> None:
         try:
             await self._kv.delete(name, last=last_revision)
         except APIError as exc:
@@ -300,6 +689,35 @@ class JetStreamJobs:
     async def watch(self) -> AsyncIterator[JobEvent | None]:
         async for entry in _watch(self._kv):
             yield None if entry is None else self._event(entry)
+
+
+T = TypeVar("T")
+
+
+async def _each(
+    items: Sequence[T], action: Callable[[T], Awaitable[None]], in_flight: int
+) -> list[Exception | None]:
+    """``action`` on every item, ``in_flight`` at a time; per item None or its error."""
+    slots = asyncio.Semaphore(in_flight)
+
+    async def one(item: T) -> Exception | None:
+        async with slots:
+            try:
+                await action(item)
+            except Exception as exc:
+                return exc
+            return None
+
+    return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+def _claim_holder(data: bytes | None) -> str | None:
+    if not data:
+        return None
+    try:
+        return msgspec.json.decode(data, type=SubjectClaim).job
+    except msgspec.MsgspecError:
+        return None  # unreadable: nobody holds it
 
 
 class JetStreamRuns:

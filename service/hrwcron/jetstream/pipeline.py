@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -29,6 +29,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, OutboundBufferLimitError
 
+from ..model import MAX_SUBJECT_LENGTH
 from ..ports import StoreRefused, StoreUnavailable
 
 T = TypeVar("T")
@@ -61,12 +62,44 @@ _BAD_SUBJECT = re.compile(r"[\s]").search
 Resolver = Callable[[PubAck], Any]
 
 
-def refused(error: ApiError) -> StoreRefused:
-    return StoreRefused(
+# API answers for a message the stream will not store as it is (too large for it, a bad
+# header): sending it again cannot succeed. Any other API error is passing trouble.
+REFUSAL_CODES = (400, 413)
+
+
+def api_error(error: ApiError) -> StoreRefused | StoreUnavailable:
+    """What an API error answer means for the write: refused for good, or worth a retry."""
+    text = (
         f"JetStream refused the write: {error.description or 'no description'} "
-        f"(code {error.code}, error {error.err_code})",
-        err_code=error.err_code,
+        f"(code {error.code}, error {error.err_code})"
     )
+    if error.code in REFUSAL_CODES:
+        return StoreRefused(text, err_code=error.err_code)
+    return StoreUnavailable(text)
+
+
+def message_size(body: bytes, headers: Mapping[str, str]) -> int:
+    """Bytes a message with headers counts against max_payload: the NATS/1.0 header block
+    (``Name: value`` lines and a blank line) plus the body."""
+    block = len(b"NATS/1.0\r\n") + 2
+    block += sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return block + len(body)
+
+
+def unsendable(subject: str, size: int, limit: int) -> StoreRefused | None:
+    """Why a message must not be sent at all, or None. nats-server closes the whole
+    connection over a message above its max_payload or a control line too long (a subject),
+    and nats-py does not reconnect after that: one bad message would take down every write."""
+    if len(subject) > MAX_SUBJECT_LENGTH:
+        return StoreRefused(
+            f"its subject is {len(subject)} characters, more than {MAX_SUBJECT_LENGTH}"
+        )
+    if size > limit:
+        return StoreRefused(
+            f"the message is {size} bytes with its headers, more than the server's "
+            f"max_payload ({limit} bytes)"
+        )
+    return None
 
 
 class JetStreamPipeline:
@@ -109,7 +142,7 @@ class JetStreamPipeline:
         """Send every ``(subject, body, headers)`` now; one future per message, resolved with
         ``resolve(answer)`` (or what it raises), StoreUnavailable when there was no answer in
         time, no responders or the connection dropped, StoreRefused when it could not be sent
-        as it is (too large, a line break in a header)."""
+        as it is (too large, a subject too long, a line break in a header)."""
         if not self._prefix:
             await self._start()
         loop = asyncio.get_running_loop()
@@ -152,10 +185,9 @@ class JetStreamPipeline:
                 continue
             header = text.encode()
             size = len(header) + len(body)
-            if size > limit:
-                future.set_exception(
-                    StoreRefused(f"{subject}: {size} bytes exceed the server's max_payload")
-                )
+            refusal = unsendable(subject, size, limit)
+            if refusal is not None:
+                future.set_exception(refusal)
                 continue
             token = str(next(self._tokens))
             pending[token] = (future, resolve)
@@ -190,9 +222,15 @@ class JetStreamPipeline:
         prefix = self._prefix
         tokens: list[str] = []
         down: Exception | None = None
+        limit = self._client.max_payload
         for (subject, body, headers), future in zip(messages, futures, strict=True):
             if down is not None:
                 future.set_exception(down)
+                continue
+            # nats-py's own check counts the body only, not the headers.
+            refusal = unsendable(subject, message_size(body, headers), limit)
+            if refusal is not None:
+                future.set_exception(refusal)
                 continue
             token = str(next(self._tokens))
             pending[token] = (future, resolve)
@@ -200,9 +238,7 @@ class JetStreamPipeline:
                 await publish(subject, body, reply=prefix + token, headers=headers)
             except MaxPayloadError:
                 pending.pop(token, None)
-                future.set_exception(
-                    StoreRefused(f"{subject}: {len(body)} bytes exceed the server's max_payload")
-                )
+                future.set_exception(StoreRefused("it is larger than the server's max_payload"))
                 continue
             except Exception as exc:
                 pending.pop(token, None)
@@ -259,7 +295,7 @@ def sequence_or_none(ack: PubAck) -> int | None:
     if error is not None:
         if error.err_code in WRONG_LAST_SEQUENCE:
             return None
-        raise refused(error)
+        raise api_error(error)
     return ack.seq
 
 

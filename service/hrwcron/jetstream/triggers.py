@@ -4,6 +4,7 @@ the trigger stream (last message per subject, then live) headers-only."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -14,6 +15,7 @@ from nats.js.errors import NotFoundError
 
 from ..ports import (
     HEADER_MSG_ID,
+    HEADER_RUN,
     HEADER_WATERMARK,
     FenceConflict,
     LastTrigger,
@@ -21,8 +23,8 @@ from ..ports import (
     TriggerRecord,
     TriggerWrite,
 )
-from .kv import EXPECTED_LAST_SUBJECT_SEQ
-from .pipeline import WRONG_LAST_SEQUENCE, JetStreamPipeline, PubAck, first, refused
+from .kv import EXPECTED_LAST_SUBJECT_SEQ, nothing_to_read
+from .pipeline import WRONG_LAST_SEQUENCE, JetStreamPipeline, PubAck, api_error, first
 
 
 def _position(reply: str) -> tuple[int, int]:
@@ -41,20 +43,32 @@ def _published(ack: PubAck) -> Published:
     if error is not None:
         if error.err_code in WRONG_LAST_SEQUENCE:
             raise FenceConflict(error.description)
-        raise refused(error)
+        raise api_error(error)
     return Published(ack.seq, ack.duplicate)
+
+
+def _number(headers: Mapping[str, str], name: str) -> int:
+    try:
+        return int(headers.get(name, "0"))
+    except ValueError:
+        return 0
 
 
 def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
     headers = headers or {}
-    try:
-        watermark = int(headers.get(HEADER_WATERMARK, "0"))
-    except ValueError:
-        watermark = 0
-    return LastTrigger(seq, headers.get(HEADER_MSG_ID, ""), watermark)
+    return LastTrigger(
+        seq,
+        headers.get(HEADER_MSG_ID, ""),
+        _number(headers, HEADER_WATERMARK),
+        _number(headers, HEADER_RUN),
+    )
 
 
 class JetStreamTriggers:
+    """Triggers go out through the pipeline, which also refuses one the server would close
+    the connection over (larger than its max_payload, a subject too long for a control line)
+    before it is sent: StoreRefused for that trigger, the connection untouched."""
+
     def __init__(
         self, js: JetStreamContext, stream: str, subject_prefix: str, pipeline: JetStreamPipeline
     ) -> None:
@@ -103,7 +117,7 @@ class JetStreamTriggers:
         )
         try:
             info = await subscription.consumer_info()
-            loaded = (info.num_pending or 0) == 0 and subscription.delivered == 0
+            loaded = nothing_to_read(info)
             if loaded:
                 yield None
             while True:
@@ -114,9 +128,11 @@ class JetStreamTriggers:
                     loaded = True
                     yield None
         finally:
-            await subscription.unsubscribe()
+            # On a closed connection this raises, and would replace a cancellation.
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
 
-    async def history(self, subject: str, limit: int) -> list[TriggerRecord]:
+    async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
         """Reads backwards in growing windows of stream sequences: the stream interleaves every
         job, so how far back ``limit`` messages of one subject lie is only known by looking."""
         if limit <= 0:
@@ -126,8 +142,12 @@ class JetStreamTriggers:
         except NotFoundError:
             return []
         last_seq = int(newest.seq or 0)
+        if before_seq:
+            last_seq = min(last_seq, before_seq - 1)
         info = await self._js.stream_info(self._stream)
         first_seq = int(info.state.first_seq or 1)
+        if last_seq < first_seq:
+            return []
         window = max(64, 4 * limit)
         while True:
             start = max(first_seq, last_seq - window + 1)
@@ -135,6 +155,8 @@ class JetStreamTriggers:
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
             )
             found = await self._read(subject, config, last_seq, limit=None)
+            # The read stops at the first message at or past last_seq, which may be past it.
+            found = [record for record in found if record.seq <= last_seq]
             if len(found) >= limit or start <= first_seq:
                 return found[-limit:]
             window *= 8
@@ -157,7 +179,7 @@ class JetStreamTriggers:
         found: list[TriggerRecord] = []
         try:
             info = await subscription.consumer_info()
-            if (info.num_pending or 0) == 0 and subscription.delivered == 0:
+            if nothing_to_read(info):
                 return found
             while limit is None or len(found) < limit:
                 msg = await subscription.next_msg(timeout=5)
@@ -173,5 +195,6 @@ class JetStreamTriggers:
                 if (until_seq is not None and seq >= until_seq) or meta.num_pending == 0:
                     break
         finally:
-            await subscription.unsubscribe()
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
         return found
