@@ -261,6 +261,25 @@ async def test_claims_created_in_one_batch_are_answered_one_by_one(backend: Back
     assert await backend.claims.create_many([]) == []
 
 
+async def test_a_released_claim_can_be_created_again(backend: Backend) -> None:
+    """A trigger that was not published gives its claim back; the retry must be able to
+    take it, by a single create or in a batch."""
+    first = await backend.claims.create("job.manual.x", claim("a"), ttl=60)
+    assert first is not None
+    assert not await backend.claims.release("job.manual.x", first + 1)  # not the revision held
+    assert await backend.claims.get("job.manual.x") is not None
+    assert await backend.claims.release("job.manual.x", first)
+    assert await backend.claims.get("job.manual.x") is None
+    again = await backend.claims.create("job.manual.x", claim("b"), ttl=60)
+    assert again is not None and again > first
+    held = await backend.claims.get("job.manual.x")
+    assert held is not None and (held[0].node, held[1]) == ("b", again)
+    assert await backend.claims.create("job.manual.x", claim("c"), ttl=60) is None
+    assert await backend.claims.release("job.manual.x", again)
+    (batched,) = await backend.claims.create_many([("job.manual.x", claim("d"), 60)])
+    assert await asyncio.wait_for(batched, STEP) is not None
+
+
 async def _absent(pending: Any) -> bool:
     return await pending is None
 

@@ -414,7 +414,20 @@ class JetStreamClaims:
         return await first(await self._pipeline.publish_many([write], sequence_or_none))
 
     async def release(self, key: str, last_revision: int) -> bool:
-        return await conditional_delete(self._js, self._bucket, key, last_revision)
+        """Remove the claim's message itself. A delete marker would not do: a create expects
+        the key to have no message at all (last sequence 0), so the retry the released claim
+        is for would find it taken. The bucket keeps one message per key, so a claim still at
+        ``last_revision`` is that sequence's message, and purging the key below the next
+        sequence can never remove a newer claim, even one written meanwhile."""
+        stream = f"KV_{self._bucket}"
+        subject = self._subject + key
+        try:
+            held = await self._js.get_msg(stream, last_revision)
+        except NotFoundError:
+            return False
+        if held.subject != subject:
+            return False
+        return await self._js.purge_stream(stream, seq=last_revision + 1, subject=subject)
 
 
 # Subject claims live in the claims bucket under keys that no tick claim can have: a claim key
