@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -209,9 +208,6 @@ class TickSpan(Protocol):
     """The trace of one tick decision; children for claim and publish."""
 
     def set(self, key: str, value: str | int | float | bool) -> None: ...
-    def child(
-        self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> AbstractContextManager[TickSpan]: ...
     def start_child(
         self, name: str, attributes: Mapping[str, str | int | float | bool]
     ) -> TickSpan:
@@ -229,9 +225,6 @@ class Observer(Protocol):
     # False: the engine makes no span objects at all.
     tracing: bool
 
-    def tick_span(
-        self, job: str, tick_key: str, due_ms: int, rank: int
-    ) -> AbstractContextManager[TickSpan]: ...
     def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
         """A tick's root span, started now and ended by its ``end``."""
         ...
@@ -266,11 +259,6 @@ class NullSpan:
     def set(self, key: str, value: str | int | float | bool) -> None:
         return None
 
-    def child(
-        self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> AbstractContextManager[TickSpan]:
-        return nullcontext(self)
-
     def start_child(
         self, name: str, attributes: Mapping[str, str | int | float | bool]
     ) -> TickSpan:
@@ -288,11 +276,6 @@ class NullObserver:
 
     _span = NullSpan()
     tracing = False
-
-    def tick_span(
-        self, job: str, tick_key: str, due_ms: int, rank: int
-    ) -> AbstractContextManager[TickSpan]:
-        return nullcontext(self._span)
 
     def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
         return self._span

@@ -15,7 +15,6 @@ import math
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -265,25 +264,8 @@ class _Span:
     def end(self) -> None:
         self._span.end()
 
-    def child(
-        self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> AbstractContextManager[TickSpan]:
-        return _ending(self.start_child(name, attributes))
-
     def inject(self, headers: dict[str, str]) -> None:
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self._span))
-
-
-@contextmanager
-def _ending(span: TickSpan) -> Iterator[TickSpan]:
-    """A span as a context manager: an exception escaping it marks it as an error."""
-    try:
-        yield span
-    except Exception as exc:
-        span.set("error", f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        span.end()
 
 
 def tracer_provider_from_env(
@@ -513,13 +495,6 @@ class Telemetry:
         return max(0.0, self._monotonic() - self._beat_ok_mono)
 
     # ------------------------------------------------------------------------ Observer
-
-    def tick_span(
-        self, job: str, tick_key: str, due_ms: int, rank: int
-    ) -> AbstractContextManager[TickSpan]:
-        if self._tracer is None:
-            return nullcontext(_NULL_SPAN)
-        return _ending(self.start_tick_span(job, tick_key, due_ms, rank))
 
     def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
         tracer = self._tracer
