@@ -133,7 +133,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
                 shape.jobs_bucket,
                 claims_bucket=shape.claims_bucket,
                 subject_prefix=shape.subject_prefix,
-                client=client,
+                pipeline=pipeline,
             ),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
             triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix, pipeline),

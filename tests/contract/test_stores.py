@@ -24,7 +24,12 @@ from hrwcron.config import NatsConfig
 from hrwcron.errors import ConflictError, DuplicateNodeError, SubjectTakenError
 from hrwcron.jetstream.connect import ConnectionHooks, connect
 from hrwcron.jetstream.counts import JetStreamCounts
-from hrwcron.jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers
+from hrwcron.jetstream.kv import (
+    JetStreamClaims,
+    JetStreamJobs,
+    JetStreamMembers,
+    conditional_writes,
+)
 from hrwcron.jetstream.pipeline import JetStreamPipeline
 from hrwcron.jetstream.provision import Layout, provision
 from hrwcron.jetstream.triggers import JetStreamTriggers
@@ -143,7 +148,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
                 layout.jobs_bucket,
                 claims_bucket=layout.claims_bucket,
                 subject_prefix=layout.subject_prefix,
-                client=client,
+                pipeline=pipeline,
             ),
             layout.subject_prefix,
             silence_jetstream,
@@ -755,6 +760,40 @@ async def test_put_many_answers_each_job_as_put_would(backend: Backend) -> None:
         await jobs.put(spec("thief", subject=f"{backend.prefix}.new.one"), 0)
     again = await jobs.put_many([(spec("new.one", "@every 9s"), answers[0]), (spec("x"), None)])
     assert all(isinstance(a, int) for a in again)
+
+
+async def test_bulk_writes_stop_once_a_round_goes_unanswered(shared_server: NatsServer) -> None:
+    """JetStream only: compare-and-set writes sent in pipelined rounds. When a round is left
+    without answers, the rest is not sent (and says so) rather than piling up more writes
+    on a server that stopped answering."""
+    client = await nats.connect(shared_server.url, connect_timeout=5)
+    try:
+        n = next(_names)
+        js = client.jetstream()
+        bucket = f"bulk{n}"
+        await js.create_key_value(bucket=bucket)
+        silent = f"bulk{n}.silent"
+        await client.subscribe(silent)  # a listener that never answers
+        await client.flush()
+        pipeline = JetStreamPipeline(client, timeout=WRITE_TIMEOUT)
+        key = f"$KV.{bucket}."
+        answered = await conditional_writes(
+            pipeline, [(key + "a", b"1", 0), (key + "b", b"2", 0)], round_size=1
+        )
+        assert all(isinstance(a, int) for a in answered)
+        stuck = await conditional_writes(
+            pipeline,
+            [(key + "c", b"3", 0), (silent, b"x", 0), (key + "d", b"4", 0), (key + "a", b"5", 0)],
+            round_size=2,
+            timeout=WRITE_TIMEOUT,
+        )
+        assert isinstance(stuck[0], int)
+        assert [type(a).__name__ for a in stuck[1:]] == ["StoreUnavailable"] * 3
+        assert all("not written" in str(a) for a in stuck[2:])
+        kv = await js.key_value(bucket)
+        assert sorted(await kv.keys()) == ["a", "b", "c"]
+    finally:
+        await client.close()
 
 
 async def test_delete_many_answers_each_job(backend: Backend) -> None:

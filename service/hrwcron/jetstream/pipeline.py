@@ -138,11 +138,14 @@ class JetStreamPipeline:
         self,
         messages: Sequence[tuple[str, bytes, dict[str, str]]],
         resolve: Resolver,
+        *,
+        timeout: float | None = None,
     ) -> list[asyncio.Future[Any]]:
         """Send every ``(subject, body, headers)`` now; one future per message, resolved with
         ``resolve(answer)`` (or what it raises), StoreUnavailable when there was no answer in
-        time, no responders or the connection dropped, StoreRefused when it could not be sent
-        as it is (too large, a subject too long, a line break in a header)."""
+        time (``timeout``, the pipeline's own by default), no responders or the connection
+        dropped, StoreRefused when it could not be sent as it is (too large, a subject too
+        long, a line break in a header)."""
         if not self._prefix:
             await self._start()
         loop = asyncio.get_running_loop()
@@ -159,7 +162,8 @@ class JetStreamPipeline:
         else:
             tokens = await self._send_each(messages, futures, resolve)
         if tokens:
-            loop.call_later(self.timeout, self._expire, tokens)
+            wait = self.timeout if timeout is None else timeout
+            loop.call_later(wait, self._expire, tokens, wait)
         return futures
 
     async def _send_frames(
@@ -257,8 +261,8 @@ class JetStreamPipeline:
             if entry is not None and not entry[0].done():
                 entry[0].set_exception(error)
 
-    def _expire(self, tokens: list[str]) -> None:
-        self._fail(tokens, StoreUnavailable(f"no answer from JetStream within {self.timeout:g} s"))
+    def _expire(self, tokens: list[str], waited: float) -> None:
+        self._fail(tokens, StoreUnavailable(f"no answer from JetStream within {waited:g} s"))
 
     def connection_lost(self) -> None:
         """Fail every write still waiting: its answer, if any, went to a dead connection."""
