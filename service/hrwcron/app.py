@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 
 from .admin.service import AdminService
 from .clock import Clock
@@ -30,7 +31,7 @@ from .jetstream.provision import Layout, provision
 from .jetstream.triggers import JetStreamTriggers
 from .jobsync import apply_at_start
 from .model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE
-from .ports import NullObserver, Observer
+from .ports import NullObserver, Observer, StoreUnavailable
 from .scheduler import Scheduler, Settings
 from .status import ReplicaStatus
 from .telemetry import Telemetry
@@ -291,6 +292,16 @@ async def serve(config: Config, env: Mapping[str, str]) -> int:
         replica = starting.result()
     except HrwcronError as exc:
         log.error("%s", exc)
+        return 1
+    except (NatsError, StoreUnavailable, TimeoutError) as exc:
+        # A server up but not serving JetStream yet (a cluster electing its leaders after an
+        # outage) or not at all: the supervisor's restart is the retry.
+        log.error(
+            "could not start: NATS did not serve JetStream (%s: %s); is JetStream enabled "
+            "and its cluster up?",
+            type(exc).__name__,
+            exc,
+        )
         return 1
     code = await _run_until_stopped(replica, stop)
     exit_deadline(grace + 1.0, code or 1)  # a stop cut short is not a clean exit
