@@ -145,6 +145,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def fleet_cpu(replicas: Iterable[Replica]) -> float:
+    """CPU seconds used so far by every running replica, summed."""
+    total = 0.0
+    for replica in replicas:
+        if replica.running:
+            with contextlib.suppress(OSError, ValueError):
+                total += cpu_seconds(replica.pid)
+    return total
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -172,9 +182,9 @@ async def until(
 
 
 _COUNTER = re.compile(
-    r"^hrwcron_(ticks|claim_contention)_total\{([^}]*)\} ([0-9.e+-]+)$", re.MULTILINE
+    r"^hrwcron_(ticks|claim_contention|claim_ops)_total\{([^}]*)\} ([0-9.e+-]+)$", re.MULTILINE
 )
-_LABEL = re.compile(r'(?:outcome|reason)="([^"]*)"')
+_LABEL = re.compile(r'(?:outcome|reason|op)="([^"]*)"')
 
 
 @dataclass

@@ -58,7 +58,9 @@ def burst(result: BurstResult, path: Path) -> None:
         ax.plot(
             xs,
             [y * len(xs) for y in ys],
-            label=f"floor: one publisher, {result.floor.in_flight} in flight",
+            label=(
+                f"floor: one publisher, {result.floor.method}, {result.floor.in_flight} in flight"
+            ),
         )
     ax.set_xlabel("seconds since the due instant (floor: since its first publish)")
     ax.set_ylabel("triggers stored")

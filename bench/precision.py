@@ -26,6 +26,7 @@ from .common import (
     Summary,
     connect,
     delete_jobs,
+    fleet_cpu,
     last_seq,
     now_ms,
     put_jobs,
@@ -51,6 +52,14 @@ class Run:
     lateness_ms: list[float] = field(default_factory=list)
     expected: int = 0
     note: str = ""
+    # hrwcron only: CPU seconds of the 3 replicas over the measured window, summed.
+    cpu_s: float = math.nan
+
+    @property
+    def tick_cost_us(self) -> float:
+        """Replica CPU per trigger over the window, summed over the replicas, in µs."""
+        count = len(self.lateness_ms)
+        return self.cpu_s / count * 1e6 if count else math.nan
 
     @property
     def summary(self) -> Summary:
@@ -94,6 +103,10 @@ async def hrwcron_runs(
             await put_jobs(stores, specs)
             start_s = math.ceil(now_ms() / 1000) + warmup
             begin, end = _window(start_s, seconds)
+            await sleep_until(begin)
+            cpu_begin = fleet_cpu(fleet.members)
+            await sleep_until(end)
+            cpu_s = fleet_cpu(fleet.members) - cpu_begin
             # Wait out the window plus the slowest plausible trigger before reading.
             await sleep_until(end + 1000 + 2000)
             await delete_jobs(stores, [s.name for s in specs])
@@ -102,6 +115,7 @@ async def hrwcron_runs(
             )
             run = Run("hrwcron", dep.kind, spread, jobs, seconds, expected=jobs * seconds)
             run.lateness_ms = _hrwcron_lateness(stored, jitter, begin, end)
+            run.cpu_s = cpu_s
             runs.append(run)
             log(f"  {run.label}: {_brief(run)}")  # type: ignore[operator]
     finally:
@@ -126,9 +140,10 @@ def _hrwcron_lateness(stored: list[Stored], jitter: float, begin: float, end: fl
 
 def _brief(run: Run) -> str:
     s = run.summary
+    cost = "" if math.isnan(run.tick_cost_us) else f", tick cost {run.tick_cost_us:.0f} µs"
     return (
         f"{s.count}/{run.expected} triggers, p50 {s.p50:.1f} ms, p99 {s.p99:.1f} ms, "
-        f"max {s.max:.1f} ms"
+        f"max {s.max:.1f} ms{cost}"
     )
 
 

@@ -4,7 +4,8 @@ last-trigger table only fill up over the hour.
 
 Run as ``python -m bench.telemetry_growth JOBS PER_JOB`` in a fresh process: it feeds hrwcron's
 own Telemetry observer one tick of every job (a third fired by this replica, the rest owned by
-others, as on one of three replicas) and prints the resident memory before and after as JSON.
+others, as on one of three replicas), keeps each trigger in a last-trigger table as the engine
+does, and prints the resident memory before and after as JSON.
 """
 
 from __future__ import annotations
@@ -43,16 +44,22 @@ def main() -> None:
 
     jobs, per_job = int(sys.argv[1]), sys.argv[2] == "1"
     telemetry = Telemetry(node="scheduler-0", per_job=per_job, process_metrics=False)
+    # Job names and subjects exist before any tick: made first, outside the measurement.
+    names = [f"s-{i}" for i in range(jobs)]
+    subjects = [f"hrwcron.trigger.{name}" for name in names]
+    last: dict[str, LastTrigger] = {}  # the engine's table of each subject's newest trigger
+    telemetry.history_loaded()
     before = _rss_mb()
     due = 1_790_000_000_000
-    for i in range(jobs):
-        name = f"s-{i}"
+    for i, (name, subject) in enumerate(zip(names, subjects, strict=True)):
         if i % 3 == 0:
             telemetry.outcome(name, "started", due_ms=due, rank=0, attempt=1, lateness_ms=4.0)
         else:
             telemetry.outcome(name, "not_owner", due_ms=due, rank=1, attempt=0, lateness_ms=None)
-        telemetry.trigger_seen(f"hrwcron.trigger.{name}", LastTrigger(i + 1, f"{name}:{due}", due))
-    print(json.dumps({"before_mb": before, "after_mb": _rss_mb()}))
+        seen = LastTrigger(i + 1, f"{name}:{due}", due)
+        last[subject] = seen
+        telemetry.trigger_seen(subject, seen)
+    print(json.dumps({"before_mb": before, "after_mb": _rss_mb(), "subjects": len(last)}))
 
 
 if __name__ == "__main__":

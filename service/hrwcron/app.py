@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 
 from .admin.service import AdminService
 from .clock import Clock
@@ -22,14 +23,15 @@ from .config import default_node_id as host_node_id
 from .errors import HrwcronError, NatsSetupError
 from .failpoints import Failpoints
 from .http import HttpServer
-from .jetstream.connect import connect
+from .jetstream.connect import ConnectionHooks, connect
 from .jetstream.counts import JetStreamCounts
 from .jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers, JetStreamRuns
+from .jetstream.pipeline import JetStreamPipeline
 from .jetstream.provision import Layout, provision
 from .jetstream.triggers import JetStreamTriggers
 from .jobsync import apply_at_start
 from .model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE
-from .ports import NullObserver, Observer
+from .ports import NullObserver, Observer, StoreUnavailable
 from .scheduler import Scheduler, Settings
 from .status import ReplicaStatus
 from .telemetry import Telemetry
@@ -107,7 +109,10 @@ class Stores:
 
 async def open_stores(config: Config, *, provision_missing: bool = True) -> Stores:
     """Connect, check the server, create or verify the buckets and stream, bind the ports."""
-    client = await connect(config.nats)
+    hooks = ConnectionHooks()
+    client = await connect(config.nats, hooks=hooks)
+    pipeline = JetStreamPipeline(client)
+    hooks.disconnected.append(pipeline.connection_lost)
     try:
         check_max_payload(config.scheduler.max_payload, client.max_payload)
         js = client.jetstream()
@@ -121,7 +126,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
                 js, await js.key_value(shape.members_bucket), shape.members_bucket
             ),
             claims=JetStreamClaims(
-                js, await js.key_value(shape.claims_bucket), shape.claims_bucket
+                js, await js.key_value(shape.claims_bucket), shape.claims_bucket, pipeline
             ),
             jobs=JetStreamJobs(
                 js,
@@ -129,12 +134,10 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
                 shape.jobs_bucket,
                 claims_bucket=shape.claims_bucket,
                 subject_prefix=shape.subject_prefix,
-                client=client,
+                pipeline=pipeline,
             ),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
-            triggers=JetStreamTriggers(
-                js, shape.stream, shape.subject_prefix, max_payload=lambda: client.max_payload
-            ),
+            triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix, pipeline),
             counts=JetStreamCounts(
                 js, await js.key_value(shape.counts_bucket), shape.counts_bucket
             ),
@@ -289,6 +292,16 @@ async def serve(config: Config, env: Mapping[str, str]) -> int:
         replica = starting.result()
     except HrwcronError as exc:
         log.error("%s", exc)
+        return 1
+    except (NatsError, StoreUnavailable, TimeoutError) as exc:
+        # A server up but not serving JetStream yet (a cluster electing its leaders after an
+        # outage) or not at all: the supervisor's restart is the retry.
+        log.error(
+            "could not start: NATS did not serve JetStream (%s: %s); is JetStream enabled "
+            "and its cluster up?",
+            type(exc).__name__,
+            exc,
+        )
         return 1
     code = await _run_until_stopped(replica, stop)
     exit_deadline(grace + 1.0, code or 1)  # a stop cut short is not a clean exit

@@ -24,6 +24,8 @@ class OffsetEstimator:
 
     window: int = 10
     samples: deque[tuple[float, float]] = field(default_factory=deque)  # (rtt, offset)
+    # The sample trusted now, kept because the clock is read several times per tick.
+    _best: tuple[float, float] | None = None
 
     def add(self, sample: ServerTime) -> None:
         rtt = max(0.0, sample.received_ms - sample.sent_ms)
@@ -35,6 +37,7 @@ class OffsetEstimator:
         self.samples.append((rtt, offset))
         while len(self.samples) > self.window:
             self.samples.popleft()
+        self._best = min(self.samples)
 
     @property
     def known(self) -> bool:
@@ -42,15 +45,13 @@ class OffsetEstimator:
 
     @property
     def offset_ms(self) -> float:
-        if not self.samples:
-            return 0.0
-        return min(self.samples)[1]
+        best = self._best
+        return 0.0 if best is None else best[1]
 
     @property
     def error_ms(self) -> float:
-        if not self.samples:
-            return float("inf")
-        return min(self.samples)[0] / 2
+        best = self._best
+        return float("inf") if best is None else best[0] / 2
 
 
 class Clock:

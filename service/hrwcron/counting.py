@@ -4,7 +4,7 @@ The engine asks three things of it: how many runs a job has used (None until its
 was read: the engine then fails closed and looks again), which ``Hrwcron-Run`` number a
 trigger carries, and to raise the durable copy when a trigger carries a number above it. Reads
 and writes run as background tasks, at most one of each per job at a time, so the tick path
-never waits on them (except a publish for a job whose copy was never read).
+never waits on them (except a publish for a job whose copy was never read: :meth:`load`).
 """
 
 from __future__ import annotations
@@ -91,12 +91,19 @@ class RunCounter:
             self._learn(job, stored)
         again()
 
-    async def header(self, job: str, last_run: int, max_runs: int, scheduled: bool) -> int | None:
-        """The run number of a trigger fenced against a predecessor numbered ``last_run``;
-        None when a scheduled tick would exceed ``max_runs``."""
+    def known(self, job: str) -> bool:
+        return job in self._known
+
+    async def load(self, job: str) -> None:
+        """Read the durable copy now, for a publish that cannot go without it."""
         if job not in self._known:
             stored = await self._port.get(job) if self._port is not None else None
             self._learn(job, stored or RunCount())
+
+    def run_number(self, job: str, last_run: int, max_runs: int, scheduled: bool) -> int | None:
+        """The run number of a trigger fenced against a predecessor numbered ``last_run``;
+        None when a scheduled tick would exceed ``max_runs``. The copy must be known (see
+        :meth:`load`)."""
         return next_run(self._known[job], last_run, max_runs, scheduled)
 
     async def reset(self, job: str, last_run: int) -> None:

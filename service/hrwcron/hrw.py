@@ -46,6 +46,21 @@ def rank(job: str, nodes: Iterable[str]) -> list[str]:
     return [node for _, node in scored]
 
 
+def prepare(nodes: Iterable[str]) -> list[tuple[bytes, str]]:
+    """The node part of every score input, encoded once for :func:`rank_prepared`."""
+    return [(_SEP + node.encode(), node) for node in sorted(set(nodes))]
+
+
+def rank_prepared(job: str, prepared: Sequence[tuple[bytes, str]]) -> list[str]:
+    """:func:`rank` over nodes encoded by :func:`prepare`: the same order, cheaper when many
+    jobs are ranked against the same members."""
+    prefix = job.encode()
+    xxh3 = _xxh3
+    scored = [(-xxh3(prefix + suffix), node) for suffix, node in prepared]
+    scored.sort()
+    return [node for _, node in scored]
+
+
 def owner(job: str, nodes: Iterable[str]) -> str | None:
     """The first node of :func:`rank`, or None when there are no nodes."""
     prefix = job.encode() + _SEP

@@ -19,16 +19,29 @@ from .ports import (
     HEADER_MSG_ID,
     HEADER_RUN,
     HEADER_WATERMARK,
+    ClaimWrite,
     FenceConflict,
     JobEvent,
     LastTrigger,
     MemberRecord,
     Published,
+    StoreUnavailable,
     TriggerRecord,
+    TriggerWrite,
 )
 from .runcount import RunCount
 
 T = TypeVar("T")
+
+
+def _answered(value: T | None = None, error: BaseException | None = None) -> asyncio.Future[T]:
+    """A future that already holds its answer: memory stores answer a batch at once."""
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)  # type: ignore[arg-type]
+    return future
 
 
 @dataclass
@@ -152,6 +165,9 @@ class MemoryClaims:
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
         return self._bucket.create(key, record, ttl)
 
+    async def create_many(self, writes: Sequence[ClaimWrite]) -> list[asyncio.Future[int | None]]:
+        return [_answered(self._bucket.create(key, record, ttl)) for key, record, ttl in writes]
+
     async def get(self, key: str) -> tuple[ClaimRecord, int] | None:
         entry = self._bucket.live(key)
         return (entry.value, entry.revision) if entry else None
@@ -181,15 +197,47 @@ class StoredTrigger:
 class MemoryTriggers:
     """A stream with Msg-Id deduplication over a window and per-subject sequence fencing."""
 
-    def __init__(self, duplicate_window: float = 600.0) -> None:
+    def __init__(self, duplicate_window: float = 600.0, timeout: float = 5.0) -> None:
         self.duplicate_window = duplicate_window
+        self.timeout = timeout
+        self.silenced: set[str] = set()  # subjects whose publishes get no answer, as in a hang
         self.messages: list[StoredTrigger] = []
         self._ids: dict[str, tuple[int, float]] = {}
         self._last: dict[str, StoredTrigger] = {}
         self._listeners: list[asyncio.Queue[tuple[str, LastTrigger]]] = []
         self._seq = 0  # stream sequences are never reused, even after messages are dropped
 
+    async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
+        found: list[asyncio.Future[Published]] = []
+        for subject, body, headers, expected in writes:
+            if subject in self.silenced:
+                found.append(self._unanswered())
+                continue
+            try:
+                found.append(_answered(self._store(subject, body, headers, expected)))
+            except FenceConflict as exc:
+                found.append(_answered(error=exc))
+        return found
+
+    def _unanswered(self) -> asyncio.Future[Published]:
+        """What a JetStream adapter gives a write nobody answered: unavailable at the deadline."""
+        future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
+
+        def expire() -> None:
+            if not future.done():
+                future.set_exception(StoreUnavailable(f"no answer within {self.timeout:g} s"))
+
+        asyncio.get_running_loop().call_later(self.timeout, expire)
+        return future
+
     async def publish(
+        self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
+    ) -> Published:
+        if subject in self.silenced:
+            return await self._unanswered()
+        return self._store(subject, body, headers, expected_last_seq)
+
+    def _store(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
     ) -> Published:
         now = time.time() * 1000

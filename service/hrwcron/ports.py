@@ -3,8 +3,8 @@ NATS, Prometheus or OpenTelemetry code, so it runs unchanged over the in-memory 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,13 +27,25 @@ class FenceConflict(Exception):
     """The stream refused a publish because the subject's last sequence was not the expected one."""
 
 
-class PublishRejected(Exception):
-    """The server refused a trigger for what it is (too large, a subject it cannot take):
-    publishing the same trigger again cannot succeed, so the tick fails, not the replica."""
-
-
 class StoreUnavailable(Exception):
     """The store did not answer in time; the write may or may not have been applied."""
+
+
+class StoreRefused(Exception):
+    """The store refused a write for what it is (too large, a limit, a subject or header it
+    cannot take); not a fence conflict. Sending the same write again cannot succeed, so for a
+    trigger the tick fails, not the replica. ``err_code`` is the server's code, if any."""
+
+    def __init__(self, message: str, err_code: int = 0) -> None:
+        super().__init__(message)
+        self.err_code = err_code
+
+
+# One claim write of a batch: (key, record, ttl in seconds).
+ClaimWrite = tuple[str, ClaimRecord, float]
+# One trigger of a batch: (subject, body, headers, expected last subject sequence). The
+# headers dict is the adapter's to extend; the caller does not use it afterwards.
+TriggerWrite = tuple[str, bytes, dict[str, str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +117,12 @@ class MembersPort(Protocol):
 
 class ClaimsPort(Protocol):
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None: ...
+    async def create_many(self, writes: Sequence[ClaimWrite]) -> list[asyncio.Future[int | None]]:
+        """Create-only writes sent together; one future per write, in order: the new revision,
+        None when the key holds a value, or the error of that write alone (StoreUnavailable
+        when its outcome is unknown)."""
+        ...
+
     async def get(self, key: str) -> tuple[ClaimRecord, int] | None: ...
     async def replace(
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
@@ -123,6 +141,11 @@ class TriggersPort(Protocol):
         headers: Mapping[str, str],
         expected_last_seq: int,
     ) -> Published: ...
+    async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
+        """Fenced publishes sent together; one future per trigger, in order, failing with
+        FenceConflict, StoreRefused or StoreUnavailable for that trigger alone."""
+        ...
+
     async def last(self, subject: str) -> LastTrigger | None: ...
     def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]: ...
     async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
@@ -185,18 +208,31 @@ class TickSpan(Protocol):
     """The trace of one tick decision; children for claim and publish."""
 
     def set(self, key: str, value: str | int | float | bool) -> None: ...
-    def child(
+    def start_child(
         self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> AbstractContextManager[TickSpan]: ...
+    ) -> TickSpan:
+        """A child started now and ended by :meth:`end`: a batch interleaves many ticks, so
+        their spans cannot nest as context managers do."""
+        ...
+
+    def end(self) -> None: ...
     def inject(self, headers: dict[str, str]) -> None: ...
 
 
 class Observer(Protocol):
     """Where the engine reports decisions: metrics, logs and traces live behind this."""
 
-    def tick_span(
-        self, job: str, tick_key: str, due_ms: int, rank: int
-    ) -> AbstractContextManager[TickSpan]: ...
+    # False: the engine makes no span objects at all.
+    tracing: bool
+
+    def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
+        """A tick's root span, started now and ended by its ``end``."""
+        ...
+
+    def claim_ops(self, creates: int, reads: int, replaces: int) -> None:
+        """Claim-bucket operations since the last report."""
+        ...
+
     def outcome(
         self,
         job: str,
@@ -223,10 +259,13 @@ class NullSpan:
     def set(self, key: str, value: str | int | float | bool) -> None:
         return None
 
-    def child(
+    def start_child(
         self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> AbstractContextManager[TickSpan]:
-        return nullcontext(self)
+    ) -> TickSpan:
+        return self
+
+    def end(self) -> None:
+        return None
 
     def inject(self, headers: dict[str, str]) -> None:
         return None
@@ -236,11 +275,13 @@ class NullObserver:
     """Observes nothing; the base for observers that care about a few events only."""
 
     _span = NullSpan()
+    tracing = False
 
-    def tick_span(
-        self, job: str, tick_key: str, due_ms: int, rank: int
-    ) -> AbstractContextManager[TickSpan]:
-        return nullcontext(self._span)
+    def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
+        return self._span
+
+    def claim_ops(self, creates: int, reads: int, replaces: int) -> None:
+        return None
 
     def outcome(
         self,

@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import heapq
 import itertools
 import logging
+import sys
+import time
 import uuid
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -24,42 +27,43 @@ import xxhash
 from . import __version__, hrw
 from .clock import Clock
 from .counting import RunCounter
+from .dispatch import Dispatcher, Flight, HeldClaim
 from .errors import ConflictError, DuplicateNodeError, HrwcronError, NotFoundError, Problem
 from .failpoints import Failpoints
-from .model import ClaimRecord, Heartbeat, JobSpec, TriggerMessage, encode
+from .model import Heartbeat, JobSpec, encode
 from .plan import STATUS_SEARCH_BUDGET, TickPlan, lifecycle
 from .planner import Candidate, collapse_latest, first_due, next_wake, ranking
 from .ports import (
-    HEADER_DUE,
-    HEADER_JOB,
-    HEADER_KIND,
-    HEADER_MSG_ID,
-    HEADER_RUN,
-    HEADER_WATERMARK,
     ClaimsPort,
     CountsPort,
-    FenceConflict,
     JobEvent,
     JobsPort,
     LastTrigger,
     MembersPort,
     Observer,
-    PublishRejected,
     RunsPort,
     ServerTime,
-    TickSpan,
+    StoreUnavailable,
     TriggersPort,
 )
 from .recent import RecentCounts
 from .schedule import Schedule, jitter_ms
-from .ticks import TickId, format_ms
+from .ticks import TickId
 from .view import MembershipView
 
 log = logging.getLogger("hrwcron.scheduler")
 
 # A feed whose messages are already buffered never suspends on its own, so loading 100,000
-# jobs or trigger subjects would hold the event loop for seconds; yield every so often.
-YIELD_EVERY = 200
+# jobs or trigger subjects would hold the event loop for seconds: yield once a slice of work
+# took this long (checked every few items).
+SLICE_S = 0.005
+CHECK_EVERY = 16
+# Jobs and trigger history loaded at start-up live as long as the replica. Every so many of
+# them they are moved out of the cyclic garbage collector's sight (gc.freeze): otherwise each
+# full collection walks all of them, tens of milliseconds of stalled loop at 100,000 jobs.
+FREEZE_EVERY = 5_000
+# Due ticks the timer evaluates before it hands them over and lets the loop run.
+TIMER_BATCH = 256
 
 RESOLVED = frozenset(
     {
@@ -75,9 +79,6 @@ RESOLVED = frozenset(
         "rejected",
     }
 )
-# Claim outcomes that resolve a tick without a trigger: the holder skipped it (overlap), or
-# the server refused its trigger (another replica's would be refused the same way).
-CLAIM_RESOLVED = frozenset({"skipped", "rejected"})
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,11 @@ class Settings:
     shutdown_timeout: float = 5.0
     http_address: str = ""
     jobs_watch_check: float = 10.0
+    # How long a batch of claims or triggers waits for its answers before they count as errors.
+    write_timeout: float = 5.0
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class _Job:
     spec: JobSpec
     schedule: Schedule
@@ -112,9 +115,11 @@ class _Job:
     entry: int = 0  # generation of this job's single live heap entry
     busy: bool = False
     acted: bool = False
-    claim_seen: tuple[int, float] | None = None
-    owner: str | None = None
-    order: list[str] = field(default_factory=list)  # ranking under ``order_generation``
+    claim_seen: HeldClaim | None = None  # this tick's claim, seen held by another instance
+    owner: str | None = None  # the owner at the last decision, to report changes
+    # Under ``order_generation``: the owner, and this replica's rank (-1: not eligible).
+    first: str | None = None
+    my_rank: int = -1
     order_generation: int = -1
     problem: str = ""  # why the server refused this job's last trigger; shown in status
     logged: str = ""  # the last tick error logged, so a retried failure is logged once
@@ -169,11 +174,14 @@ class Scheduler:
         self._heap: list[_Wake] = []
         self._seq = itertools.count()
         self._wakeup = asyncio.Event()
-        # Acts beyond max_in_flight wait here. Not an asyncio.Semaphore: its wake-up scans
-        # every waiter, which goes quadratic when a herd of thousands of ticks queues up.
-        self._queued_acts: collections.deque[tuple[_Job, int, int, int]] = collections.deque()
+        # Ticks beyond max_in_flight wait here for a batch to start them.
+        self._queued_acts: collections.deque[Flight] = collections.deque()
+        self._dispatcher = Dispatcher(self)
+        self.tracing = observer.tracing
+        # A claim holder unheard for this long has missed a heartbeat: its claim is taken over.
+        interval = settings.heartbeat_interval
+        self._silence = interval + max(0.25, interval / 4)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._acts: set[asyncio.Task[Any]] = set()
         self._digest = 0
         self._revision = 0
         self._started_ms = 0
@@ -186,11 +194,14 @@ class Scheduler:
         self.failed = asyncio.Event()  # set with ``fatal``: the process should exit
         self._owned_dirty = asyncio.Event()
         self._awaiting_turn: set[str] = set()  # due ticks waiting for a later failover turn
+        self._awaiting_holder: set[str] = set()  # due ticks whose claim another replica holds
         self._was_ready: bool | None = None
         self._candidates: list[Candidate] = []
         self._jobs_revision = 0  # newest jobs-bucket revision the watch delivered
         self._jobs_watch: asyncio.Task[Any] | None = None
         self._generation = 0  # bumped whenever the candidates change
+        self._plain: list[tuple[bytes, str]] | None = []  # candidates for hrw.rank_prepared
+        self._step_ms = int(settings.failover_step * 1000)
         # What operators see besides the running jobs: stored specs this replica did not load
         # (revision, why), jobs per owner as of the last recount, ticks that passed their
         # lateness window unpublished (whoever owned them).
@@ -238,15 +249,20 @@ class Scheduler:
         candidates = self.view.candidates(ready, self.settings.weight, list(self.settings.tags))
         if candidates != self._candidates:
             self._candidates = candidates
+            self._plain = hrw.prepare([c.node for c in candidates])
+            if any(c.weight != 1.0 for c in candidates):
+                self._plain = None  # weighted: planner.ranking
             self._generation += 1
             self._owned_dirty.set()
             # A member left or stopped being ready: ticks waiting for a later failover turn
             # may now be ours to fire, so look at them again instead of at their old turn.
-            for name in list(self._awaiting_turn):
+            # So may ticks whose claim holder just left or stopped being ready.
+            for name in self._awaiting_turn | self._awaiting_holder:
                 waiting = self.jobs.get(name)
                 if waiting is not None and not waiting.busy:
                     self._push(waiting, 0)
             self._awaiting_turn.clear()
+            self._awaiting_holder.clear()
             self._observer.membership([c.node for c in candidates], 0)
             log.info("live members: %s", ", ".join(c.node for c in candidates) or "none")
 
@@ -346,18 +362,23 @@ class Scheduler:
                 covered = 0
                 with contextlib.suppress(Exception):
                     covered = await self._jobs_store.last_revision()
+                began = time.perf_counter()
                 async for event in self._jobs_store.watch():
                     if event is None:
                         if not self._jobs_loaded.is_set():
                             log.info("loaded %d jobs", len(self.jobs))
+                            gc.freeze()
                         self._jobs_loaded.set()
                         self._jobs_revision = max(self._jobs_revision, covered)
                         continue
                     self._jobs_revision = max(self._jobs_revision, event.revision)
                     self._apply_job(event)
                     applied += 1
-                    if applied % YIELD_EVERY == 0:
+                    if applied % FREEZE_EVERY == 0 and not self._jobs_loaded.is_set():
+                        gc.freeze()
+                    if applied % CHECK_EVERY == 0 and time.perf_counter() - began > SLICE_S:
                         await asyncio.sleep(0)
+                        began = time.perf_counter()
             except Exception as exc:
                 log.warning("jobs watch stopped (%s); restarting it", exc)
             await asyncio.sleep(self.settings.heartbeat_interval)
@@ -449,8 +470,8 @@ class Scheduler:
 
     def _load_job(self, event: JobEvent, old: _Job | None) -> _Job:
         """The running form of a valid spec, its first due tick planned (None when paused)."""
-        spec = event.spec
-        assert spec is not None
+        assert event.spec is not None
+        spec = _compact(event.spec)
         subject = spec.trigger_subject(self.settings.subject_prefix)
         plan = spec.plan()
         job = _Job(
@@ -488,6 +509,7 @@ class Scheduler:
         while not self._stopping:
             try:
                 seen_count = 0
+                began = time.perf_counter()
                 async for item in self._triggers.follow():
                     if item is None:
                         self._triggers_loaded.set()
@@ -496,8 +518,9 @@ class Scheduler:
                     self._remember(subject, seen)
                     self._observer.trigger_seen(subject, seen)
                     seen_count += 1
-                    if seen_count % YIELD_EVERY == 0:
+                    if seen_count % CHECK_EVERY == 0 and time.perf_counter() - began > SLICE_S:
                         await asyncio.sleep(0)
+                        began = time.perf_counter()
             except Exception as exc:
                 log.warning("trigger feed stopped (%s); restarting it", exc)
             await asyncio.sleep(self.settings.heartbeat_interval)
@@ -508,10 +531,17 @@ class Scheduler:
             self.last[subject] = seen
             name = self._by_subject.get(subject)
             job = self.jobs.get(name) if name else None
-            if job and job.due is not None and not job.busy and seen.watermark >= job.due:
-                self._push(job, 0)
-            if job and job.spec.max_runs is not None:
+            if job is None:
+                return
+            if job.spec.max_runs is not None:
                 self._mirror_count(job)
+            if job.busy or self._stopping:
+                return
+            due = job.due
+            if due is not None and seen.watermark >= due:
+                # The tick it waits for is in the stream: resolved here and now, without a
+                # trip through the timer (every replica sees every trigger go by).
+                self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
 
     def _done(self, job: _Job, due: int) -> LastTrigger | None:
         last = self.last.get(job.subject)
@@ -526,11 +556,22 @@ class Scheduler:
             self._wakeup.set()
 
     async def _timer_loop(self) -> None:
+        heap = self._heap
+        jobs = self.jobs
         while True:
             self._wakeup.clear()
+            # Entries left behind (a tick resolved by the feed, a job pushed again) are dropped
+            # here rather than waking the loop at their time for nothing: on this kind of
+            # machine the wake-up, not the work, is what a spread-out tick costs most.
+            while heap:
+                _, _, name, entry = heap[0]
+                job = jobs.get(name)
+                if job is not None and job.entry == entry and not job.busy:
+                    break
+                heapq.heappop(heap)
             delay = 3600.0
-            if self._heap:
-                delay = (self._heap[0][0] - self.clock.now_ms()) / 1000
+            if heap:
+                delay = (heap[0][0] - self.clock.now_ms()) / 1000
             if delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
                 # that races with the event being set, and the loop would never stop.
@@ -540,26 +581,35 @@ class Scheduler:
                 continue
             now = self.clock.now_ms()
             ready = self.ready  # once per batch: it reads the clock and every health sign
-            batch = 0
-            # Small batches: the claims of the first due ticks go out while the rest of a
+            popped = 0
+            acts: list[Flight] = []
+            # Bounded batches: the claims of the first due ticks go out while the rest of a
             # top-of-the-minute herd is still being evaluated.
-            heap = self._heap
-            while heap and heap[0][0] <= now and batch < 100:
+            while heap and heap[0][0] <= now and popped < TIMER_BATCH:
                 _, _, name, entry = heapq.heappop(heap)
                 job = self.jobs.get(name)
                 if job is not None and job.entry == entry and not job.busy:
-                    self._evaluate(job, now, ready)
-                batch += 1
+                    self._evaluate(job, now, ready, acts)
+                popped += 1
+            if acts:
+                self._dispatcher.submit(acts)
             await asyncio.sleep(0)  # a herd of due ticks must not starve the event loop
 
-    def _order(self, job: _Job) -> list[str]:
-        """The job's ranking, computed once per change of the candidates."""
-        if job.order_generation != self._generation:
-            job.order = ranking(job.spec.name, job.spec.tags, self._candidates)
-            job.order_generation = self._generation
-        return job.order
+    def _place(self, job: _Job) -> None:
+        """The job's owner and this replica's rank, computed once per change of the
+        candidates."""
+        if job.order_generation == self._generation:
+            return
+        plain = self._plain
+        if plain is not None and not job.spec.tags:
+            order = hrw.rank_prepared(job.spec.name, plain)
+        else:
+            order = ranking(job.spec.name, job.spec.tags, self._candidates)
+        job.first = order[0] if order else None
+        job.my_rank = order.index(self.node) if self.node in order else -1
+        job.order_generation = self._generation
 
-    def _evaluate(self, job: _Job, now: float, ready: bool) -> None:
+    def _evaluate(self, job: _Job, now: float, ready: bool, acts: list[Flight]) -> None:
         due = job.due
         if self._stopping:
             return
@@ -571,8 +621,8 @@ class Scheduler:
             return
         if job.spec.max_runs is not None and self._out_of_runs(job, now):
             return
-        order = self._order(job)
-        owner = order[0] if order else None
+        self._place(job)
+        owner = job.first
         if owner != job.owner:
             if job.owner is not None:
                 self._observer.owner_changed(job.spec.name, job.owner, owner)
@@ -588,66 +638,76 @@ class Scheduler:
                 self.missed_recently.add(now)  # the owner's own count is taken in _finish
             self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
             return
-        if not ready or self.node not in order:
+        rank = job.my_rank
+        if not ready or rank < 0:
             # Fail closed: look again when the tick might be done, or our readiness returns.
             self._push(job, min(now + 250, due + job.spec.max_lateness_ms + 1))
             return
-        rank = order.index(self.node)
         fire = due + job.jitter_ms
-        wake = next_wake(now, fire, rank, int(self.settings.failover_step * 1000))
+        wake = next_wake(now, fire, rank, self._step_ms)
         if wake is not None:
             if now >= fire:
                 self._awaiting_turn.add(job.spec.name)
             self._push(job, wake)
             return
         self._awaiting_turn.discard(job.spec.name)
+        held = job.claim_seen
+        if held is not None:
+            # Another instance holds this tick's claim: wait for the trigger in the feed or for
+            # the holder to fall silent, without reading the claim again meanwhile.
+            wait_until = self._holder_wait(held)
+            if wait_until is not None:
+                self._awaiting_holder.add(job.spec.name)
+                self._push(job, min(wait_until, due + job.spec.max_lateness_ms + 1))
+                return
+        self._awaiting_holder.discard(job.spec.name)
         job.busy = True
-        self._spawn_act(job, due, rank)
+        acts.append(Flight(job, job.entry, due, rank))
 
-    def _spawn_act(self, job: _Job, due: int, rank: int) -> None:
-        if len(self._acts) >= self.settings.max_in_flight:
-            self._queued_acts.append((job, job.entry, due, rank))
-            return
-        self._start_act(job, job.entry, due, rank)
+    def holder_live(self, node: str, instance: str) -> bool:
+        """Whether a claim holder is live and ready in the membership view: the same instance,
+        ready, and heard from within a heartbeat (plus a margin)."""
+        return self._holder_silent_in(node, instance) > 0
 
-    def _start_act(self, job: _Job, entry: int, due: int, rank: int) -> None:
-        task = asyncio.create_task(self._act(job, entry, due, rank))
-        self._acts.add(task)
-        task.add_done_callback(self._act_done)
+    def _holder_silent_in(self, node: str, instance: str) -> float:
+        heard = self.view.heard(node)
+        if heard is None:
+            return 0.0
+        heartbeat, seen_mono = heard
+        if heartbeat.instance != instance or not heartbeat.ready:
+            return 0.0
+        return seen_mono + self._silence - self.clock.monotonic()
 
-    def _act_done(self, task: asyncio.Task[Any]) -> None:
-        self._acts.discard(task)
-        if self._stopping:
-            self._queued_acts.clear()
-            return
-        while self._queued_acts and len(self._acts) < self.settings.max_in_flight:
-            self._start_act(*self._queued_acts.popleft())
+    def _holder_wait(self, held: HeldClaim) -> float | None:
+        """When to look at a held claim again (server ms), or None to read it now: its
+        holder fell silent, or the claim stayed unchanged for the whole lease."""
+        lease_left = held.seen_mono + self.settings.claim_lease - self.clock.monotonic()
+        silent_in = self._holder_silent_in(held.node, held.instance)
+        if lease_left <= 0 or silent_in <= 0:
+            return None
+        return self.clock.now_ms() + min(lease_left, silent_in) * 1000 + 1
 
-    async def _act(self, job: _Job, entry: int, due: int, rank: int) -> None:
-        outcome, attempt = "error", 0
-        tick = TickId(job.spec.name, due)
-        with self._observer.tick_span(job.spec.name, tick.key, due, rank) as span:
-            try:
-                outcome, attempt = await self._claim_and_publish(job, tick, rank, span)
-            except Exception as exc:
-                self._log_error(job, tick.key, exc)
-                span.set("error", str(exc))
-            span.set("outcome", outcome)
-            span.set("attempt", attempt)
+    def _acted(self, flight: Flight) -> None:
+        """A tick's act ended with ``flight.outcome``: resolve it, or look again later."""
+        job = flight.job
         job.busy = False
-        if job.entry != entry or self.jobs.get(job.spec.name) is not job:
+        if job.entry != flight.entry or self.jobs.get(job.spec.name) is not job:
             return  # the job changed or was removed meanwhile
+        outcome, due, rank, attempt = flight.outcome, flight.due, flight.rank, flight.attempt
         if outcome in RESOLVED:
             self._finish(job, outcome, due, rank, attempt)
             return
         self._observer.outcome(
             job.spec.name, outcome, due_ms=due, rank=rank, attempt=attempt, lateness_ms=None
         )
-        retry = 250.0
-        if job.claim_seen is not None:
-            lease_left = self.settings.claim_lease - (self.clock.monotonic() - job.claim_seen[1])
-            retry = min(retry, max(10.0, lease_left * 1000))
-        self._push(job, self.clock.now_ms() + retry)
+        retry = self.clock.now_ms() + 250.0
+        held = job.claim_seen
+        if outcome == "lock_busy" and held is not None:
+            wait_until = self._holder_wait(held)
+            # None: time to read the claim again, but not in a tight loop.
+            retry = wait_until if wait_until is not None else self.clock.now_ms() + 10.0
+            self._awaiting_holder.add(job.spec.name)
+        self._push(job, retry)
 
     def _finish(
         self, job: _Job, outcome: str, due: int, rank: int, attempt: int, count: bool = True
@@ -671,6 +731,7 @@ class Scheduler:
         job.acted = False
         job.claim_seen = None
         self._awaiting_turn.discard(job.spec.name)
+        self._awaiting_holder.discard(job.spec.name)
         if outcome == "started" and job.spec.max_runs is not None:
             self._mirror_count(job, published=True)
         try:
@@ -707,6 +768,7 @@ class Scheduler:
         job.acted = False
         job.claim_seen = None
         self._awaiting_turn.discard(job.spec.name)
+        self._awaiting_holder.discard(job.spec.name)
         if job.spec.delete_after is None or job.delete_at is not None:
             return
         last = self.last.get(job.subject)
@@ -729,11 +791,10 @@ class Scheduler:
         if not ready:
             self._push(job, now + 1000)
             return
-        order = self._order(job)
-        if self.node not in order:
+        self._place(job)
+        if job.my_rank < 0:
             return
-        step = int(self.settings.failover_step * 1000)
-        wake = next_wake(now, int(job.delete_at), order.index(self.node), step)
+        wake = next_wake(now, int(job.delete_at), job.my_rank, self._step_ms)
         if wake is not None:
             self._push(job, wake)
             return
@@ -796,8 +857,8 @@ class Scheduler:
         last = self.last.get(job.subject)
         if last is None or not self._counter.behind(job.spec.name, last.run):
             return
-        order = self._order(job)
-        if published or (order and order[0] == self.node):
+        self._place(job)
+        if published or job.first == self.node:
             self._counter.mirror(job.spec.name, last.run, lambda: self._mirror_count(job))
 
     async def reset_runs(self, name: str, subject: str) -> None:
@@ -811,148 +872,30 @@ class Scheduler:
     def _claim_ttl(self, job: _Job) -> float:
         return job.spec.max_lateness + job.jitter_ms / 1000 + 10 * self.settings.claim_lease + 10
 
-    async def _claim_and_publish(
-        self, job: _Job, tick: TickId, rank: int, span: TickSpan
-    ) -> tuple[str, int]:
-        if self._done(job, tick.due_ms):
-            return ("already_claimed" if job.acted else "not_owner"), 0
-        job.acted = True
-        key = tick.claim_key
-        mine = ClaimRecord(
-            node=self.node,
-            instance=self.instance,
-            attempt=1,
-            claimed_ms=int(self.clock.now_ms()),
-        )
-        with span.child("hrwcron.claim", {"hrwcron.claim.key": key}) as claim_span:
-            revision = await self._claims.create(key, mine, self._claim_ttl(job))
-            claim_span.set("hrwcron.claim.won", revision is not None)
-        if revision is not None:
-            await self._failpoints.hit("after_claim", tick.job)
-            return await self._publish_or_skip(job, tick, mine, revision, span)
-        held = await self._claims.get(key)
-        if held is None:
-            return "lock_busy", 0  # expired between our create and get: try again
-        record, revision = held
-        if record.outcome in CLAIM_RESOLVED:
-            return "already_claimed", record.attempt
-        if record.instance == self.instance:
-            return await self._publish_or_skip(job, tick, record, revision, span)
-        now = self.clock.monotonic()
-        if job.claim_seen is None or job.claim_seen[0] != revision:
-            job.claim_seen = (revision, now)
-            return "lock_busy", record.attempt
-        if now - job.claim_seen[1] < self.settings.claim_lease:
-            return "lock_busy", record.attempt
-        takeover = ClaimRecord(
-            node=self.node,
-            instance=self.instance,
-            attempt=record.attempt + 1,
-            claimed_ms=int(self.clock.now_ms()),
-        )
-        new_revision = await self._claims.replace(key, takeover, revision, self._claim_ttl(job))
-        if new_revision is None:
-            job.claim_seen = None
-            return "lock_busy", record.attempt
-        log.info(
-            "tick %s: took over the claim of %s (unchanged for %.1f s)",
-            tick.key,
-            record.node,
-            now - job.claim_seen[1],
-        )
-        span.set("hrwcron.takeover", True)
-        return await self._publish_or_skip(job, tick, takeover, new_revision, span)
-
-    async def _publish_or_skip(
-        self, job: _Job, tick: TickId, claim: ClaimRecord, revision: int, span: TickSpan
-    ) -> tuple[str, int]:
-        runs = self._runs if job.spec.overlap == "skip" and claim.attempt == 1 else None
-        if runs is not None and await runs.running(job.spec.name):
-            await self._resolve_claim(job, tick, claim, revision, "skipped")
-            return "skipped", claim.attempt
-        outcome = await self._publish(job, tick, claim.attempt, span)
-        if outcome == "rejected":
-            with contextlib.suppress(Exception):  # others then find it resolved, or retry
-                await self._resolve_claim(job, tick, claim, revision, "rejected")
-        return outcome, claim.attempt
-
-    async def _resolve_claim(
-        self, job: _Job, tick: TickId, claim: ClaimRecord, revision: int, outcome: str
-    ) -> None:
-        """Record on the claim that the tick is resolved without a trigger."""
-        resolved = ClaimRecord(
-            node=claim.node,
-            instance=claim.instance,
-            attempt=claim.attempt,
-            claimed_ms=claim.claimed_ms,
-            outcome=outcome,
-        )
-        await self._claims.replace(tick.claim_key, resolved, revision, self._claim_ttl(job))
-
-    async def _publish(self, job: _Job, tick: TickId, attempt: int, span: TickSpan) -> str:
-        return await self._fenced_publish(job, tick.key, tick.due_ms, "scheduled", attempt, span)
-
-    async def _fenced_publish(
-        self, job: _Job, msg_id: str, due_ms: int, kind: str, attempt: int, span: TickSpan
+    async def publish_unscheduled(
+        self, name: str, msg_id: str, due_ms: int, kind: str, claim_key: str
     ) -> str:
-        """Publish with ``Nats-Msg-Id`` and the subject's expected last sequence.
-
-        A scheduled tick also checks order: if the subject already holds this tick or a later
-        one, publishing now could only duplicate or reorder, so it stops. Manual and backfill
-        triggers carry their predecessor's watermark so they never fence a scheduled tick."""
-        scheduled = kind == "scheduled"
-        for _ in range(5):
-            if scheduled and self.clock.now_ms() > due_ms + job.spec.max_lateness_ms:
-                return "missed"  # a replica that woke up late must not publish late
-            last = self.last.get(job.subject)
-            if scheduled and last is not None and last.watermark >= due_ms:
-                return "duplicate" if last.msg_id == msg_id else "fenced"
-            watermark = due_ms if scheduled else (last.watermark if last else 0)
-            due = format_ms(due_ms)
-            headers = {
-                HEADER_MSG_ID: msg_id,
-                HEADER_JOB: job.spec.name,
-                HEADER_DUE: due,
-                HEADER_WATERMARK: str(watermark),
-                HEADER_KIND: kind,
-            }
-            if job.spec.max_runs is not None:
-                last_run = last.run if last else 0
-                run = await self._counter.header(
-                    job.spec.name, last_run, job.spec.max_runs, scheduled
-                )
-                if run is None:
-                    return "max_runs"  # the run limit was reached before this tick
-                headers[HEADER_RUN] = str(run)
-            attributes = {
-                "messaging.system": "nats",
-                "messaging.destination.name": job.subject,
-                "messaging.message.id": msg_id,
-                "messaging.operation.type": "publish",
-            }
-            with span.child(f"publish {job.subject}", attributes) as publish_span:
-                publish_span.inject(headers)
-                body = self._trigger_body(job, msg_id, due_ms, due, kind, attempt)
-                expected = last.seq if last else 0
-                try:
-                    ack = await self._triggers.publish(job.subject, body, headers, expected)
-                except PublishRejected as exc:
-                    publish_span.set("hrwcron.rejected", str(exc))
-                    self._mark_bad(job, f"the server refused its trigger: {exc}")
-                    return "rejected"
-                except FenceConflict:
-                    publish_span.set("hrwcron.fenced", True)
-                    self.last.pop(job.subject, None)
-                    fresh = await self._triggers.last(job.subject)
-                    if fresh is not None:
-                        self._remember(job.subject, fresh)
-                    continue
-            if not ack.duplicate:
-                run = int(headers.get(HEADER_RUN, 0))
-                self._remember(job.subject, LastTrigger(ack.seq, msg_id, watermark, run))
-            job.problem = job.logged = ""
-            return "duplicate" if ack.duplicate else "started"
-        return "lock_busy"
+        """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
+        claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
+        claimed or published before), ``rejected`` (the server refused the trigger) or
+        ``lock_busy``; raises NotFoundError for a bad name and StoreUnavailable when NATS did
+        not answer. A trigger that was not published gives its claim back, so the retry the
+        caller is advised to make can take it."""
+        job = self.jobs.get(name)
+        if job is None:
+            raise NotFoundError(f"no job named {name!r}")
+        flight = Flight(job, job.entry, due_ms, 0, kind, msg_id, claim_key)
+        await self._dispatcher.run([flight])
+        outcome = flight.outcome
+        if flight.revision and outcome not in ("started", "duplicate"):
+            # Even after a timeout: if the trigger did land, its Msg-Id and the stream check
+            # before a retry keep that retry from publishing it again.
+            with contextlib.suppress(Exception):
+                await self._claims.release(claim_key, flight.revision)
+        self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
+        if outcome == "error":
+            raise StoreUnavailable(f"trigger {msg_id}: {flight.error}")
+        return outcome
 
     # ------------------------------------------------------------------- failing jobs
 
@@ -962,72 +905,18 @@ class Scheduler:
             log.warning("job %r: %s", job.spec.name, problem)
         job.problem = problem
 
-    def _log_error(self, job: _Job, tick_key: str, exc: Exception) -> None:
+    def _log_error(self, job: _Job, tick_key: str, error: str) -> None:
         """A failed tick is retried every 250 ms; its error is logged once per job and
         message, not once per retry."""
-        text = f"{type(exc).__name__}: {exc}"
-        if text != job.logged:
-            log.warning("tick %s: %s", tick_key, text)
-            job.logged = text
+        if error != job.logged:
+            log.warning("tick %s: %s", tick_key, error)
+            job.logged = error
         else:
-            log.debug("tick %s: %s", tick_key, text)
+            log.debug("tick %s: %s", tick_key, error)
 
     def problem_of(self, name: str) -> str:
         job = self.jobs.get(name)
         return job.problem if job is not None else ""
-
-    def _trigger_body(
-        self, job: _Job, msg_id: str, due_ms: int, due: str, kind: str, attempt: int
-    ) -> bytes:
-        return encode(
-            TriggerMessage(
-                job=job.spec.name,
-                tick=msg_id,
-                due=due,
-                due_ms=due_ms,
-                fired_at=format_ms(int(self.clock.now_ms())),
-                node=self.node,
-                attempt=attempt,
-                payload=job.spec.payload,
-                kind=kind,  # type: ignore[arg-type]
-            )
-        )
-
-    async def publish_unscheduled(
-        self, name: str, msg_id: str, due_ms: int, kind: str, claim_key: str
-    ) -> str:
-        """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
-        claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
-        claimed or published before), ``rejected`` (the server refused the trigger) or
-        ``lock_busy``; raises NotFoundError for a bad name. A trigger that was not published
-        gives its claim back, so the retry the caller is advised to make can take it."""
-        job = self.jobs.get(name)
-        if job is None:
-            raise NotFoundError(f"no job named {name!r}")
-        record = ClaimRecord(
-            node=self.node,
-            instance=self.instance,
-            attempt=1,
-            claimed_ms=int(self.clock.now_ms()),
-        )
-        with self._observer.tick_span(name, msg_id, due_ms, 0) as span:
-            span.set("hrwcron.kind", kind)
-            revision = await self._claims.create(claim_key, record, self._claim_ttl(job))
-            if revision is None:
-                span.set("outcome", "duplicate")
-                return "duplicate"
-            outcome = "error"
-            try:
-                outcome = await self._fenced_publish(job, msg_id, due_ms, kind, 1, span)
-            finally:
-                if outcome not in ("started", "duplicate"):
-                    # Even after a timeout: if the trigger did land, its Msg-Id and the
-                    # stream check before a retry keep that retry from publishing it again.
-                    with contextlib.suppress(Exception):
-                        await self._claims.release(claim_key, revision)
-            span.set("outcome", outcome)
-        self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
-        return outcome
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -1045,6 +934,7 @@ class Scheduler:
     async def start(self) -> None:
         """Join the membership and start every loop; returns once the replica is running."""
         self._started_ms = int(self.clock.local_ms())
+        gc.freeze()  # what the process set up so far stays too: no full collection walks it
         await self._beat(first=True)
         self._beat_ok = self.clock.monotonic()
         self.view.replace_all(await self._members.snapshot())
@@ -1076,10 +966,12 @@ class Scheduler:
         with contextlib.suppress(Exception):
             # Announce "not ready" at once, so the others stop waiting for this replica's turn.
             await asyncio.wait_for(self._beat(), timeout=left(min(1.0, timeout / 4)))
-        if self._acts:
+        self._queued_acts.clear()
+        batches = self._dispatcher.tasks
+        if batches:
             # Keep a second for cancelling the rest and leaving the membership.
-            await asyncio.wait(set(self._acts), timeout=left(deadline - loop.time() - 1.0))
-        await _cancel_all([*self._tasks, *self._acts], left(0.5))
+            await asyncio.wait(set(batches), timeout=left(deadline - loop.time() - 1.0))
+        await _cancel_all([*self._tasks, *batches], left(0.5))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._members.deregister(self.node), timeout=left(0.5))
 
@@ -1146,6 +1038,19 @@ class Scheduler:
         """(name, spec, next due ms, jitter ms) for every known job."""
         for name, job in self.jobs.items():
             yield name, job.spec, job.due, job.jitter_ms
+
+
+_NO_TAGS: list[str] = []
+
+
+def _compact(spec: JobSpec) -> JobSpec:
+    """Share what most of 100,000 decoded specs hold alike (schedule text, zone, no tags)
+    instead of keeping a copy per job: about 150 bytes a job. Nothing mutates a spec."""
+    spec.schedule = sys.intern(spec.schedule)
+    spec.tz = sys.intern(spec.tz)
+    if not spec.tags:
+        spec.tags = _NO_TAGS
+    return spec
 
 
 async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:

@@ -15,7 +15,6 @@ import math
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -110,14 +109,16 @@ class Fired:
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """The newest trigger of a subject as this replica saw it go by on the stream; ``live``
-    is false for the history replayed at start-up, whose arrival time means nothing."""
+    """When the newest trigger of a subject (its stream sequence) went by here; ``live`` is
+    false for the history replayed at start-up, whose arrival time means nothing. One per
+    subject, so it holds only what the engine's own last-trigger table does not."""
 
-    msg_id: str
     seq: int
-    watermark: int
     seen_ms: float
     live: bool
+
+
+_REPLAYED = Seen(0, 0.0, False)
 
 
 class _NatsCollector(Collector):
@@ -137,6 +138,78 @@ class _NatsCollector(Collector):
         yield reconnects
 
     def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return iter(())
+
+
+# Not "job": Prometheus puts its own scrape-job name in that label.
+JOB_LABEL = "job_name"
+
+
+class _TickCounts(Collector):
+    """``hrwcron_ticks_total{outcome[, job_name]}``: a dict of counts per outcome, looked up
+    once per tick (most jobs only ever see one outcome on a replica: fired here, or by
+    another); an outcome never seen for a job is no series (per job) or a 0 (without per-job
+    labels, so rate() and alerts see every outcome from the start)."""
+
+    def __init__(self, per_job: bool) -> None:
+        self.per_job = per_job
+        self._by_outcome: dict[str, dict[str, int]] = {o: {} for o in OUTCOMES}
+        self._total = dict.fromkeys(OUTCOMES, 0)
+
+    def count(self, job: str, outcome: str) -> None:
+        if not self.per_job:
+            self._total[outcome] = self._total.get(outcome, 0) + 1
+            return
+        counts = self._by_outcome.get(outcome)
+        if counts is None:
+            counts = self._by_outcome[outcome] = {}
+        counts[job] = counts.get(job, 0) + 1
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        doc = "Tick decisions of this replica by outcome (and job)"
+        if not self.per_job:
+            family = CounterMetricFamily("hrwcron_ticks", doc, labels=["outcome"])
+            for name, value in list(self._total.items()):
+                family.add_metric([name], float(value))
+            yield family
+            return
+        family = CounterMetricFamily("hrwcron_ticks", doc, labels=["outcome", JOB_LABEL])
+        for outcome, counts in list(self._by_outcome.items()):
+            for job, value in list(counts.items()):
+                family.add_metric([outcome, job], float(value))
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
+class _OwnerChanges(Collector):
+    """``hrwcron_owner_changes_total[{job_name}]``, counted in a plain dict."""
+
+    def __init__(self, per_job: bool) -> None:
+        self.per_job = per_job
+        self._by_job: dict[str, int] = {}
+        self._total = 0
+
+    def count(self, job: str) -> None:
+        if self.per_job:
+            self._by_job[job] = self._by_job.get(job, 0) + 1
+        else:
+            self._total += 1
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        doc = "Times this replica saw a job's owner change at a tick"
+        if not self.per_job:
+            family = CounterMetricFamily("hrwcron_owner_changes", doc)
+            family.add_metric([], float(self._total))
+            yield family
+            return
+        family = CounterMetricFamily("hrwcron_owner_changes", doc, labels=[JOB_LABEL])
+        for job, value in list(self._by_job.items()):
+            family.add_metric([job], float(value))
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
         return iter(())
 
 
@@ -168,10 +241,9 @@ class _Span:
             # Set right after the PubAck: the same lateness the histogram records.
             self._span.set_attribute("hrwcron.lateness_ms", self._now_ms() - self._due_ms)
 
-    @contextmanager
-    def _child(
+    def start_child(
         self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> Iterator[TickSpan]:
+    ) -> TickSpan:
         attrs = dict(attributes)
         publish = attrs.get("messaging.operation.type") == "publish"
         if publish:
@@ -186,15 +258,11 @@ class _Span:
             attrs.setdefault("messaging.operation.name", "kv.create")
         context = trace.set_span_in_context(self._span)
         kind = SpanKind.PRODUCER if publish else SpanKind.CLIENT
-        with self._tracer.start_as_current_span(
-            name, context=context, kind=kind, attributes=attrs
-        ) as span:
-            yield _Span(span, self._tracer, self._due_ms, self._now_ms, self._claims_bucket)
+        span = self._tracer.start_span(name, context=context, kind=kind, attributes=attrs)
+        return _Span(span, self._tracer, self._due_ms, self._now_ms, self._claims_bucket)
 
-    def child(
-        self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> AbstractContextManager[TickSpan]:
-        return self._child(name, attributes)
+    def end(self) -> None:
+        self._span.end()
 
     def inject(self, headers: dict[str, str]) -> None:
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self._span))
@@ -286,6 +354,7 @@ class Telemetry:
         self._tracer = (
             tracer_provider.get_tracer("hrwcron", __version__) if tracer_provider else None
         )
+        self.tracing = self._tracer is not None
         self.ready = False
         self.not_ready_reason = "starting"
         self.live: list[str] = []
@@ -332,14 +401,10 @@ class Telemetry:
 
     def _define_metrics(self, process_metrics: bool) -> None:
         r = self.registry
-        # Not "job": Prometheus puts its own scrape-job name in that label.
-        job = ("job_name",) if self.per_job else ()
-        self.ticks = Counter(
-            "hrwcron_ticks",
-            "Tick decisions of this replica by outcome (and job)",
-            ("outcome", *job),
-            registry=r,
-        )
+        # Counted in plain lists and exposed at scrape time: a prometheus_client child per
+        # job costs a label lookup per tick and a lock and about a kilobyte per series.
+        self.ticks = _TickCounts(self.per_job)
+        r.register(self.ticks)
         # No job label even with per-job metrics: a histogram per job costs a series per
         # bucket, and 100,000 jobs would hold millions of series in every replica.
         self.lateness = Histogram(
@@ -360,17 +425,20 @@ class Telemetry:
             ("reason",),
             registry=r,
         )
+        claim_ops = Counter(
+            "hrwcron_claim_ops",
+            "Operations on the claims bucket by kind: a healthy tick costs one create",
+            ("op",),
+            registry=r,
+        )
+        self._claim_ops = {op: claim_ops.labels(op) for op in ("create", "read", "replace")}
         self.claim_failures = Counter(
             "hrwcron_claim_write_failures",
             "Claim or publish attempts that failed with an error (timeouts, lost connection)",
             registry=r,
         )
-        self.owner_changes = Counter(
-            "hrwcron_owner_changes",
-            "Times this replica saw a job's owner change at a tick",
-            job,
-            registry=r,
-        )
+        self.owner_changes = _OwnerChanges(self.per_job)
+        r.register(self.owner_changes)
         self.live_members = Gauge(
             "hrwcron_live_members", "Live, ready members in this replica's view", registry=r
         )
@@ -408,9 +476,6 @@ class Telemetry:
                 "node": self.node,
             }
         )
-        for outcome in OUTCOMES:
-            if not self.per_job:
-                self.ticks.labels(outcome)  # every outcome shows up as 0 from the start
         for reason in sorted(CONTENTION):
             self.contention.labels(reason)
         if process_metrics:
@@ -429,26 +494,12 @@ class Telemetry:
             return math.inf
         return max(0.0, self._monotonic() - self._beat_ok_mono)
 
-    def _job(self, job: str) -> tuple[str, ...]:
-        return (job,) if self.per_job else ()
-
-    def _per_job(self, metric: _M, job: str) -> _M:
-        # prometheus_client refuses labels() on a metric declared without label names.
-        return metric.labels(job) if self.per_job else metric
-
     # ------------------------------------------------------------------------ Observer
 
-    def tick_span(
-        self, job: str, tick_key: str, due_ms: int, rank: int
-    ) -> AbstractContextManager[TickSpan]:
-        if self._tracer is None:
-            return nullcontext(_NULL_SPAN)
-        return self._tick_span(self._tracer, job, tick_key, due_ms, rank)
-
-    @contextmanager
-    def _tick_span(
-        self, tracer: trace.Tracer, job: str, tick_key: str, due_ms: int, rank: int
-    ) -> Iterator[TickSpan]:
+    def start_tick_span(self, job: str, tick_key: str, due_ms: int, rank: int) -> TickSpan:
+        tracer = self._tracer
+        if tracer is None:
+            return _NULL_SPAN
         attributes: dict[str, str | int] = {
             "hrwcron.job": job,
             "hrwcron.tick": tick_key,
@@ -457,11 +508,16 @@ class Telemetry:
             "hrwcron.rank": rank,
             "hrwcron.node": self.node,
         }
-        # A fresh root: a tick is its own trace, whatever task context it was spawned from.
-        with tracer.start_as_current_span(
+        # A fresh root: a tick is its own trace, whatever task context it was started from.
+        span = tracer.start_span(
             "hrwcron.tick", context=Context(), kind=SpanKind.INTERNAL, attributes=attributes
-        ) as span:
-            yield _Span(span, tracer, due_ms, self.now_ms, self._claims_bucket)
+        )
+        return _Span(span, tracer, due_ms, self.now_ms, self._claims_bucket)
+
+    def claim_ops(self, creates: int, reads: int, replaces: int) -> None:
+        for op, count in (("create", creates), ("read", reads), ("replace", replaces)):
+            if count:
+                self._claim_ops[op].inc(count)
 
     def outcome(
         self,
@@ -473,7 +529,7 @@ class Telemetry:
         attempt: int,
         lateness_ms: float | None,
     ) -> None:
-        self.ticks.labels(outcome, *self._job(job)).inc()
+        self.ticks.count(job, outcome)
         if lateness_ms is not None:
             self.lateness.observe(max(0.0, lateness_ms) / 1000)
         if outcome == "started":
@@ -531,9 +587,8 @@ class Telemetry:
             del self.bad_jobs[next(iter(self.bad_jobs))]
 
     def trigger_seen(self, subject: str, last: LastTrigger) -> None:
-        self.seen[subject] = Seen(
-            last.msg_id, last.seq, last.watermark, self.now_ms(), self.feed_is_live
-        )
+        # Replayed history needs no object of its own: it is never compared with anything.
+        self.seen[subject] = Seen(last.seq, self.now_ms(), True) if self.feed_is_live else _REPLAYED
 
     def history_loaded(self) -> None:
         """Call once the scheduler has started: triggers seen from now on arrive live."""
@@ -567,7 +622,7 @@ class Telemetry:
         self.owned_gauge.set(count)
 
     def owner_changed(self, job: str, previous: str | None, owner: str | None) -> None:
-        self._per_job(self.owner_changes, job).inc()
+        self.owner_changes.count(job)
         # Debug only: one member leaving moves a third of all jobs at once; the engine logs
         # the membership change itself at info.
         log.debug(

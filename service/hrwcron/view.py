@@ -42,6 +42,11 @@ class MembershipView:
         for node, record in records.items():
             self.update(node, record)
 
+    def heard(self, node: str) -> tuple[Heartbeat, float] | None:
+        """The member's newest heartbeat and when (this replica's monotonic clock) it came."""
+        seen = self._members.get(node)
+        return None if seen is None else (seen.record.heartbeat, seen.seen_mono)
+
     def age(self, node: str) -> float | None:
         seen = self._members.get(node)
         return None if seen is None else self._monotonic() - seen.seen_mono

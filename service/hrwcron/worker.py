@@ -64,7 +64,8 @@ from prometheus_client.registry import Collector
 
 from .errors import HrwcronError, NatsSetupError
 from .failpoints import Failpoints
-from .jetstream.kv import MARKER_REASON, WRONG_LAST_SEQUENCE, conditional_put
+from .jetstream.kv import MARKER_REASON, conditional_put
+from .jetstream.pipeline import WRONG_LAST_SEQUENCE
 from .model import TriggerMessage
 from .ports import HEADER_MSG_ID
 

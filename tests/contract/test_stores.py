@@ -8,9 +8,10 @@ TTL, Msg-Id deduplication, subject-sequence fencing, watch streams) is pinned he
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,9 +20,17 @@ import nats
 import pytest
 
 from harness import NatsServer, wait_for_async
+from hrwcron.config import NatsConfig
 from hrwcron.errors import ConflictError, DuplicateNodeError, SubjectTakenError
+from hrwcron.jetstream.connect import ConnectionHooks, connect
 from hrwcron.jetstream.counts import JetStreamCounts
-from hrwcron.jetstream.kv import JetStreamClaims, JetStreamJobs, JetStreamMembers
+from hrwcron.jetstream.kv import (
+    JetStreamClaims,
+    JetStreamJobs,
+    JetStreamMembers,
+    conditional_writes,
+)
+from hrwcron.jetstream.pipeline import JetStreamPipeline
 from hrwcron.jetstream.provision import Layout, provision
 from hrwcron.jetstream.triggers import JetStreamTriggers
 from hrwcron.memory import MemoryClaims, MemoryCounts, MemoryJobs, MemoryMembers, MemoryTriggers
@@ -38,6 +47,9 @@ from hrwcron.ports import (
     LastTrigger,
     MemberRecord,
     MembersPort,
+    Published,
+    StoreRefused,
+    StoreUnavailable,
     TriggersPort,
 )
 
@@ -47,6 +59,8 @@ MEMBER_TTL = 1.0
 DUPLICATE_WINDOW = 2.0
 # Generous for a loaded machine: an answer the contract expects "at once" arrives well within.
 STEP = 10.0
+# How long a batched write waits for its answer before it counts as unavailable.
+WRITE_TIMEOUT = 1.0
 
 
 @dataclass
@@ -57,6 +71,8 @@ class Backend:
     triggers: TriggersPort
     jobs: JobsPort
     prefix: str
+    # Makes publishes to a subject go unanswered (a hang), returns that subject.
+    silence: Callable[[], Awaitable[str]]
     counts: CountsPort
 
 
@@ -76,13 +92,20 @@ _names = itertools.count()
 @pytest.fixture(params=["memory", "jetstream"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
+        triggers = MemoryTriggers(duplicate_window=DUPLICATE_WINDOW, timeout=WRITE_TIMEOUT)
+
+        async def silence_memory() -> str:
+            triggers.silenced.add("ct.trigger.silent")
+            return "ct.trigger.silent"
+
         yield Backend(
             "memory",
             MemoryMembers(MEMBER_TTL),
             MemoryClaims(),
-            MemoryTriggers(duplicate_window=DUPLICATE_WINDOW),
+            triggers,
             MemoryJobs("ct.trigger"),
             "ct.trigger",
+            silence_memory,
             MemoryCounts(),
         )
         return
@@ -100,23 +123,35 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         duplicate_window=DUPLICATE_WINDOW,
     )
     client = await nats.connect(server.url, connect_timeout=5)
+    pipeline = JetStreamPipeline(client, timeout=WRITE_TIMEOUT)
+
+    async def silence_jetstream() -> str:
+        # A subject outside every stream with a listener that never answers: without the
+        # listener the server would answer "no responders" at once.
+        subject = f"ct{n}.silent"
+        await client.subscribe(subject)
+        await client.flush()
+        return subject
+
     try:
         js = client.jetstream()
         await provision(js, layout, longest_lateness=DUPLICATE_WINDOW)
+        claims_kv = await js.key_value(layout.claims_bucket)
         yield Backend(
             "jetstream",
             JetStreamMembers(js, await js.key_value(layout.members_bucket), layout.members_bucket),
-            JetStreamClaims(js, await js.key_value(layout.claims_bucket), layout.claims_bucket),
-            JetStreamTriggers(js, layout.stream, layout.subject_prefix),
+            JetStreamClaims(js, claims_kv, layout.claims_bucket, pipeline),
+            JetStreamTriggers(js, layout.stream, layout.subject_prefix, pipeline),
             JetStreamJobs(
                 js,
                 await js.key_value(layout.jobs_bucket),
                 layout.jobs_bucket,
                 claims_bucket=layout.claims_bucket,
                 subject_prefix=layout.subject_prefix,
-                client=client,
+                pipeline=pipeline,
             ),
             layout.subject_prefix,
+            silence_jetstream,
             JetStreamCounts(js, await js.key_value(layout.counts_bucket), layout.counts_bucket),
         )
     finally:
@@ -212,6 +247,44 @@ async def test_claim_replace_renews_the_ttl(backend: Backend) -> None:
     assert held is not None and held[0].node == "b"
 
 
+async def test_claims_created_in_one_batch_are_answered_one_by_one(backend: Backend) -> None:
+    held = await backend.claims.create("job.1000", claim("a"), ttl=60)
+    assert held is not None
+    answers = await backend.claims.create_many(
+        [
+            ("job.1000", claim("b"), 60),  # held already: lost
+            ("job.2000", claim("b"), 60),  # free: won
+            ("job.3000", claim("b"), 60),  # won by the first of two writes in one batch
+            ("job.3000", claim("c"), 60),
+        ]
+    )
+    lost, won, first, second = [await asyncio.wait_for(a, STEP) for a in answers]
+    assert lost is None and second is None
+    assert won is not None and first is not None and held < won < first
+    stored = [await backend.claims.get(k) for k in ("job.1000", "job.2000", "job.3000")]
+    assert [(s[0].node, s[1]) for s in stored if s] == [("a", held), ("b", won), ("b", first)]
+    assert await backend.claims.create_many([]) == []
+
+
+async def test_a_released_claim_can_be_created_again(backend: Backend) -> None:
+    """A trigger that was not published gives its claim back; the retry must be able to
+    take it, by a single create or in a batch."""
+    first = await backend.claims.create("job.manual.x", claim("a"), ttl=60)
+    assert first is not None
+    assert not await backend.claims.release("job.manual.x", first + 1)  # not the revision held
+    assert await backend.claims.get("job.manual.x") is not None
+    assert await backend.claims.release("job.manual.x", first)
+    assert await backend.claims.get("job.manual.x") is None
+    again = await backend.claims.create("job.manual.x", claim("b"), ttl=60)
+    assert again is not None and again > first
+    held = await backend.claims.get("job.manual.x")
+    assert held is not None and (held[0].node, held[1]) == ("b", again)
+    assert await backend.claims.create("job.manual.x", claim("c"), ttl=60) is None
+    assert await backend.claims.release("job.manual.x", again)
+    (batched,) = await backend.claims.create_many([("job.manual.x", claim("d"), 60)])
+    assert await asyncio.wait_for(batched, STEP) is not None
+
+
 async def _absent(pending: Any) -> bool:
     return await pending is None
 
@@ -256,6 +329,132 @@ async def test_publish_is_fenced_by_the_subject_sequence(backend: Backend) -> No
     assert await backend.triggers.last(subject) == LastTrigger(second.seq, "job:2000", 2000)
     assert await backend.triggers.last(other) == LastTrigger(side.seq, "other:1000", 1000)
     assert await backend.triggers.last(f"{backend.prefix}.nothing") is None
+
+
+async def test_a_batch_of_triggers_resolves_each_publish_on_its_own(backend: Backend) -> None:
+    """Fresh, duplicate and fenced publishes and one that gets no answer, in one batch: each
+    gets its own outcome, and the unanswered one holds up none of the others."""
+    a, b, c = (f"{backend.prefix}.{name}" for name in "abc")
+    a1 = await backend.triggers.publish(a, b"{}", headers("a:1000", 1000), 0)
+    silent = await backend.silence()
+    answers = await backend.triggers.publish_many(
+        [
+            (silent, b"{}", headers("silent:1000", 1000), 0),
+            (b, b"{}", headers("b:1000", 1000), 0),  # fresh
+            (a, b"{}", headers("a:1000", 1000), a1.seq),  # same Msg-Id: a duplicate
+            (c, b"{}", headers("c:1000", 1000), 5),  # wrong expectation: fenced
+            (b, b"{}", headers("b:2000", 2000), 0),  # fenced by the first b of this batch
+        ]
+    )
+    hung, fresh, dup, fenced, fenced_by_batch = answers
+    assert await asyncio.wait_for(dup, STEP) == Published(a1.seq, duplicate=True)
+    stored = await asyncio.wait_for(fresh, STEP)
+    assert not stored.duplicate and stored.seq > a1.seq
+    for future in (fenced, fenced_by_batch):
+        with pytest.raises(FenceConflict):
+            await asyncio.wait_for(future, STEP)
+    assert not hung.done()  # everything else answered while this one still waits
+    with pytest.raises(StoreUnavailable):
+        await asyncio.wait_for(hung, WRITE_TIMEOUT + STEP)
+    assert await backend.triggers.last(b) == LastTrigger(stored.seq, "b:1000", 1000)
+    assert await backend.triggers.last(c) is None
+    assert await backend.triggers.publish_many([]) == []
+
+
+@pytest.mark.parametrize("frames", [True, False], ids=["frames", "public-publish"])
+async def test_the_pipelined_path_refuses_what_it_cannot_send(
+    shared_server: NatsServer, frames: bool
+) -> None:
+    """JetStream only, both ways the pipeline writes (one frame batch through the client's
+    buffer, or nats-py's publish per message): a message too large for the server or with a
+    line break in a header is refused on its own, the rest of the batch goes through."""
+    client = await nats.connect(shared_server.url, connect_timeout=5)
+    try:
+        n = next(_names)
+        layout = Layout(stream=f"PL{n}", subject_prefix=f"pl{n}.trigger", duplicate_window=60)
+        js = client.jetstream()
+        await provision(js, layout, longest_lateness=60)
+        pipeline = JetStreamPipeline(client, timeout=WRITE_TIMEOUT, frames=frames)
+        triggers = JetStreamTriggers(js, layout.stream, layout.subject_prefix, pipeline)
+        subject = f"{layout.subject_prefix}.j"
+        broken = headers("j:2000", 2000) | {"Hrwcron-Job": "j\r\nNats-Msg-Id: forged"}
+        answers = await triggers.publish_many(
+            [
+                (subject, b"x" * (client.max_payload + 1), headers("j:1000", 1000), 0),
+                (f"{layout.subject_prefix}.forged", b"{}", broken, 0),
+                (subject, b"{}", headers("j:3000", 3000), 0),
+            ]
+        )
+        too_large, forged, fine = answers
+        assert isinstance(too_large.exception(), StoreRefused)
+        if frames:  # nats-py's publish strips line breaks from values instead of refusing
+            assert isinstance(forged.exception(), StoreRefused)
+            assert await triggers.last(f"{layout.subject_prefix}.forged") is None
+        stored = await asyncio.wait_for(fine, STEP)
+        assert await triggers.last(subject) == LastTrigger(stored.seq, "j:3000", 3000)
+    finally:
+        await client.close()
+
+
+async def test_a_server_restart_in_the_middle_of_a_batch(tmp_path: Path) -> None:
+    """JetStream only: the server is killed while triggers wait for their answers, some of
+    them answered, some sent, some still in the client's buffer. Every write is answered at
+    once when the connection drops (stored or unavailable, none left waiting for the
+    deadline); a batch sent while disconnected is refused without being buffered; after the
+    restart, retrying the unavailable writes with their Msg-Id and expectation leaves each
+    trigger in the stream exactly once, whatever the client flushed after reconnecting."""
+    server = NatsServer(name="restart", base_dir=tmp_path / "nats").start()
+    hooks = ConnectionHooks()
+    client = await connect(NatsConfig(servers=[server.url]), hooks=hooks)
+    pipeline = JetStreamPipeline(client, timeout=60)  # far longer than the test may wait
+    hooks.disconnected.append(pipeline.connection_lost)
+    try:
+        layout = Layout(stream="RESTART", subject_prefix="rs.trigger", duplicate_window=60)
+        js = client.jetstream()
+        await provision(js, layout, longest_lateness=60)
+        triggers = JetStreamTriggers(js, layout.stream, layout.subject_prefix, pipeline)
+        count = 2000
+
+        def batch(tag: str, start: int = 0) -> list[tuple[str, bytes, dict[str, str], int]]:
+            return [
+                (f"rs.trigger.{tag}{i}", b"{}", headers(f"{tag}{i}:1000", 1000), 0)
+                for i in range(start, start + count)
+            ]
+
+        writes = batch("j") + batch("j", count)
+        answers = await triggers.publish_many(writes[:count])
+        await asyncio.wait_for(answers[0], STEP)
+        # The second half goes out and the server dies before any of it can be answered.
+        answers += await triggers.publish_many(writes[count:])
+        server.kill()
+        done, _ = await asyncio.wait(answers, timeout=STEP)
+        assert len(done) == len(answers), "writes left waiting after the connection dropped"
+        ambiguous = [i for i, a in enumerate(answers) if a.exception() is not None]
+        assert all(isinstance(answers[i].exception(), StoreUnavailable) for i in ambiguous)
+        assert answers[0].exception() is None
+        assert set(range(count, 2 * count)) <= set(ambiguous)
+
+        await wait_for_async(lambda: not client.is_connected, timeout=STEP, message="disconnected")
+        refused = await triggers.publish_many(batch("gone"))
+        assert all(isinstance(a.exception(), StoreUnavailable) for a in refused)
+
+        server.start()
+        await wait_for_async(lambda: client.is_connected, timeout=STEP, message="reconnected")
+        retried = await triggers.publish_many([writes[i] for i in ambiguous])
+        for answer in retried:
+            # Fenced: an earlier write had landed, the subject's last is this very trigger.
+            with contextlib.suppress(FenceConflict):
+                await asyncio.wait_for(answer, STEP)
+        # Every subject holds its trigger (stored, or fenced because it was), and only one.
+        info = await js.stream_info(layout.stream)
+        assert info.state.messages == len(writes)
+        for i in [0, count - 1, count, 2 * count - 1]:
+            last = await triggers.last(f"rs.trigger.j{i}")
+            assert last is not None and last.msg_id == f"j{i}:1000"
+        assert await triggers.last("rs.trigger.gone0") is None
+    finally:
+        await client.close()
+        server.cleanup()
 
 
 async def test_msg_id_dedup_lasts_only_the_duplicate_window(backend: Backend) -> None:
@@ -561,6 +760,40 @@ async def test_put_many_answers_each_job_as_put_would(backend: Backend) -> None:
         await jobs.put(spec("thief", subject=f"{backend.prefix}.new.one"), 0)
     again = await jobs.put_many([(spec("new.one", "@every 9s"), answers[0]), (spec("x"), None)])
     assert all(isinstance(a, int) for a in again)
+
+
+async def test_bulk_writes_stop_once_a_round_goes_unanswered(shared_server: NatsServer) -> None:
+    """JetStream only: compare-and-set writes sent in pipelined rounds. When a round is left
+    without answers, the rest is not sent (and says so) rather than piling up more writes
+    on a server that stopped answering."""
+    client = await nats.connect(shared_server.url, connect_timeout=5)
+    try:
+        n = next(_names)
+        js = client.jetstream()
+        bucket = f"bulk{n}"
+        await js.create_key_value(bucket=bucket)
+        silent = f"bulk{n}.silent"
+        await client.subscribe(silent)  # a listener that never answers
+        await client.flush()
+        pipeline = JetStreamPipeline(client, timeout=WRITE_TIMEOUT)
+        key = f"$KV.{bucket}."
+        answered = await conditional_writes(
+            pipeline, [(key + "a", b"1", 0), (key + "b", b"2", 0)], round_size=1
+        )
+        assert all(isinstance(a, int) for a in answered)
+        stuck = await conditional_writes(
+            pipeline,
+            [(key + "c", b"3", 0), (silent, b"x", 0), (key + "d", b"4", 0), (key + "a", b"5", 0)],
+            round_size=2,
+            timeout=WRITE_TIMEOUT,
+        )
+        assert isinstance(stuck[0], int)
+        assert [type(a).__name__ for a in stuck[1:]] == ["StoreUnavailable"] * 3
+        assert all("not written" in str(a) for a in stuck[2:])
+        kv = await js.key_value(bucket)
+        assert sorted(await kv.keys()) == ["a", "b", "c"]
+    finally:
+        await client.close()
 
 
 async def test_delete_many_answers_each_job(backend: Backend) -> None:

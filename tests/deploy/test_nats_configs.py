@@ -21,6 +21,8 @@ from harness import nats_server_binary, wait_for_async
 from hrwcron.admin.client import AdminClient, AdminError
 from hrwcron.app import Replica, open_stores, start_replica
 from hrwcron.config import parse_config
+from hrwcron.model import ClaimRecord
+from hrwcron.ticks import manual_claim_key
 from hrwcron.worker import Trigger, Worker
 
 from .natsconf import (
@@ -245,6 +247,13 @@ async def test_each_role_does_its_job(
             assert manual.outcome == "started"
             history = await admin.history(JOB, limit=5)
             assert history.triggers
+            # A manual trigger that was not published gives its claim back (a rare path, so
+            # taken by hand here): the retry can take it again.
+            claims, key = replica.stores.claims, manual_claim_key(JOB, "release-check")
+            record = ClaimRecord(node="deploy-a", instance="i", attempt=1, claimed_ms=0)
+            revision = await claims.create(key, record, 60)
+            assert revision is not None and await claims.release(key, revision)
+            assert await claims.create(key, record, 60) is not None
             ping = await sessions["admin"].client.request("$SRV.PING.hrwcron", b"", timeout=5)
             assert json.loads(ping.data)["name"] == "hrwcron"
         finally:

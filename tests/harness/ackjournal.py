@@ -4,9 +4,10 @@ and the check that each one is still in the stream where it was acknowledged.
 A replica started through this file as a script (``python ackjournal.py run ...``) is an
 ordinary ``hrwcron`` process, except that every PubAck it receives for a publish to the trigger
 subjects is appended to the file named by ``ACK_JOURNAL_ENV`` as one JSON line: Msg-Id, stream,
-sequence, whether the server called it a duplicate, and when. The hook wraps nats-py's
-``JetStreamContext.publish`` in this process only, so the service's code is unchanged and
-whatever path it takes to publish, the acknowledgement is the server's own answer.
+sequence, whether the server called it a duplicate, and when. The hook wraps the trigger
+adapter's ``JetStreamTriggers.publish_many`` (every trigger the engine publishes goes through
+it, batched or one at a time) in this process only, so the service's code is unchanged: each
+answer it records is a PubAck the server sent, decoded by the adapter.
 
 A line is written after the PubAck arrived and before the replica acts on it, flushed to the
 operating system at once: a replica killed right after an ack may miss a line (a record too
@@ -21,6 +22,7 @@ after the loss, which a worker that had consumed the first copy runs twice.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -136,27 +138,40 @@ def find_lost_acks(
 
 
 def _install(journal: Path, node: str) -> None:
-    from nats.js.client import JetStreamContext
+    from hrwcron.jetstream.triggers import JetStreamTriggers
 
-    original = JetStreamContext.publish
+    original = JetStreamTriggers.publish_many
     handle = open(journal, "a", buffering=1)  # noqa: SIM115  (kept open for the process)
 
-    async def publish(self: Any, subject: str, *args: Any, **kwargs: Any) -> Any:
-        ack = await original(self, subject, *args, **kwargs)
-        if subject.startswith(TRIGGER_PREFIX):
-            headers = kwargs.get("headers") or {}
+    def recorder(msg_id: str, stream: str) -> Any:
+        def record(answer: asyncio.Future[Any]) -> None:
+            if answer.cancelled() or answer.exception() is not None:
+                return
+            ack = answer.result()
             line = {
-                "msg_id": headers.get("Nats-Msg-Id", ""),
-                "stream": ack.stream,
+                "msg_id": msg_id,
+                "stream": stream,
                 "seq": ack.seq,
                 "duplicate": bool(ack.duplicate),
                 "node": node,
                 "at_ms": time.time() * 1000,
             }
             handle.write(json.dumps(line) + "\n")
-        return ack
 
-    JetStreamContext.publish = publish  # type: ignore[method-assign]
+        return record
+
+    async def publish_many(self: Any, writes: Sequence[Any]) -> list[asyncio.Future[Any]]:
+        # Read before the call: the adapter adds its own headers to each write's dict.
+        ids = [(subject, headers.get("Nats-Msg-Id", "")) for subject, _, headers, _ in writes]
+        answers = await original(self, writes)
+        for (subject, msg_id), answer in zip(ids, answers, strict=True):
+            if subject.startswith(TRIGGER_PREFIX):
+                # Registered before the engine's own callback, so it runs first: the line is
+                # written before the replica acts on the answer.
+                answer.add_done_callback(recorder(msg_id, self._stream))
+        return answers
+
+    JetStreamTriggers.publish_many = publish_many  # type: ignore[method-assign]
 
 
 def _main(argv: list[str]) -> int:

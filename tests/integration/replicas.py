@@ -19,6 +19,7 @@ from hrwcron.admin import AdminClient
 from hrwcron.app import Replica, start_replica
 from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
 from hrwcron.jetstream.kv import JetStreamJobs
+from hrwcron.jetstream.pipeline import JetStreamPipeline
 from hrwcron.jetstream.triggers import JetStreamTriggers
 from hrwcron.model import TriggerMessage
 from hrwcron.ports import NullObserver, TriggerRecord
@@ -113,7 +114,12 @@ class Cluster:
 
     @property
     def triggers(self) -> JetStreamTriggers:
-        return JetStreamTriggers(self.client.jetstream(), "HRWCRON_TRIGGERS", "hrwcron.trigger")
+        return JetStreamTriggers(
+            self.client.jetstream(),
+            "HRWCRON_TRIGGERS",
+            "hrwcron.trigger",
+            JetStreamPipeline(self.client),
+        )
 
     async def jobs_store(self) -> JetStreamJobs:
         js = self.client.jetstream()

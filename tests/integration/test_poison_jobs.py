@@ -17,9 +17,10 @@ from nats.js.api import RetentionPolicy, StreamConfig
 
 from harness import NatsServer, wait_for_async
 from hrwcron.admin import AdminClient, AdminError
+from hrwcron.jetstream.pipeline import JetStreamPipeline
 from hrwcron.jetstream.triggers import JetStreamTriggers
 from hrwcron.model import JobSpec, encode
-from hrwcron.ports import PublishRejected
+from hrwcron.ports import StoreRefused
 
 from .test_cli_admin import hrwcron
 from .test_hostile_jobs import HTTP_AT, http_get, replica
@@ -236,10 +237,12 @@ async def test_a_trigger_larger_than_the_server_takes_is_refused_before_it_is_se
 ) -> None:
     js = client.jetstream()
     await js.add_stream(StreamConfig(name="T", subjects=["t.>"]))
-    triggers = JetStreamTriggers(js, "T", "t", max_payload=lambda: client.max_payload)
+    triggers = JetStreamTriggers(js, "T", "t", JetStreamPipeline(client))
     body = b"x" * (client.max_payload - 20)  # fits alone, not with its headers
-    with pytest.raises(PublishRejected, match="max_payload"):
+    with pytest.raises(StoreRefused, match="max_payload"):
         await triggers.publish("t.big", body, {"Nats-Msg-Id": "big:1"}, 0)
+    with pytest.raises(StoreRefused, match="subject"):
+        await triggers.publish(LONG_SUBJECT, b"{}", {"Nats-Msg-Id": "long:1"}, 0)
     # The connection is still there and still works (the server would have reset it).
     assert client.is_connected
     ack = await triggers.publish("t.small", b"{}", {"Nats-Msg-Id": "small:1"}, 0)

@@ -108,3 +108,20 @@ async def test_a_signal_stops_a_replica_whose_server_stopped_answering(
             assert proc.wait(STOPPED_WITHIN) is not None, proc.output()[-2000:]
         finally:
             nats_server.resume()
+
+
+def test_a_replica_on_a_server_without_jetstream_exits_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    """As after a cluster lost power, when the server answers but JetStream does not (yet): the
+    replica cannot start, says why in one line and exits non-zero for its supervisor."""
+    server = NatsServer(base_dir=tmp_path / "n", jetstream=False).start()
+    try:
+        proc = replica(server.url, "nojs", tmp_path / "nojs.log")
+        with proc:
+            assert proc.wait(DEADLINE) == 1, proc.output()[-2000:]
+        output = proc.output()
+        assert "could not start: NATS did not serve JetStream" in output, output[-2000:]
+        assert "Traceback" not in output
+    finally:
+        server.cleanup()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -134,13 +134,21 @@ class HangingClaims:
     def __init__(self, inner: MemoryClaims) -> None:
         self.inner = inner
         self.hung: set[str] = set()
+        self.reads: dict[str, int] = {}  # claim key -> how often this replica read it
 
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
         if key.rsplit(".", 2)[0] in self.hung:  # <job>.<kind>.<value>
             await asyncio.Event().wait()
         return await self.inner.create(key, record, ttl)
 
+    async def create_many(
+        self, writes: Sequence[tuple[str, ClaimRecord, float]]
+    ) -> list[asyncio.Future[int | None]]:
+        # One answer each, as a real batch gives: a hung create holds up no other.
+        return [asyncio.ensure_future(self.create(*write)) for write in writes]
+
     async def get(self, key: str) -> tuple[ClaimRecord, int] | None:
+        self.reads[key] = self.reads.get(key, 0) + 1
         return await self.inner.get(key)
 
     async def replace(
@@ -172,6 +180,11 @@ class GatedTriggers:
             self.frozen[job] = int(headers[HEADER_MSG_ID].rsplit(":", 1)[1])
             await self.gate.wait()
         return await self.inner.publish(subject, body, headers, expected_last_seq)
+
+    async def publish_many(
+        self, writes: Sequence[tuple[str, bytes, dict[str, str], int]]
+    ) -> list[asyncio.Future[Published]]:
+        return [asyncio.ensure_future(self.publish(*write)) for write in writes]
 
     async def last(self, subject: str) -> LastTrigger | None:
         return await self.inner.last(subject)
@@ -622,3 +635,93 @@ async def test_a_gap_the_watch_cannot_fill_does_not_restart_it(cluster: Cluster)
     )
     assert "present" in replica.scheduler.jobs
     assert jobs.watches == 1
+
+
+# --- a claim held by another replica ----------------------------------------------------------
+
+
+async def freeze_owner(cluster: Cluster, job: JobSpec, nodes: list[str]) -> tuple[Replica, int]:
+    """The job's owner claims a tick and then hangs before publishing it; returns the owner
+    and the due instant it froze on."""
+    replicas = {r.scheduler.node: r for r in await cluster.start_all(nodes)}
+    owner = replicas[hrw.rank(job.name, nodes)[0]]
+    owner.triggers.held.add(job.name)
+    await wait_for_async(
+        lambda: job.name in owner.triggers.frozen, timeout=10, message="owner froze"
+    )
+    return owner, owner.triggers.frozen[job.name]
+
+
+async def test_a_live_holder_is_waited_for_not_polled() -> None:
+    """While the claim's holder is live and ready, the others read its claim once when their
+    turn comes and then wait, until the lease runs out: no read every quarter second."""
+    cluster = Cluster()
+    try:
+        job = every_second("held", max_lateness=30)
+        await cluster.put(job)
+        nodes = ["a", "b", "c"]
+        owner, due = await freeze_owner(cluster, job, nodes)
+        for r in cluster.replicas.values():
+            r.scheduler.settings = replace(r.scheduler.settings, claim_lease=3.0)
+        await cluster.run_until([job], due)
+        taken = [t for t in cluster.of(job.name) if t.due_ms == due]
+        assert [(t.node != owner.scheduler.node, t.attempt) for t in taken] == [(True, 2)]
+        key = f"{job.name}.{due}"
+        reads = {
+            node: r.claims.reads.get(key, 0)
+            for node, r in cluster.replicas.items()
+            if r is not owner
+        }
+        # One read when the create lost, one when the lease ran out: polling every 250 ms
+        # for the 3 s lease would be a dozen.
+        assert all(count <= 3 for count in reads.values()), reads
+        owner.triggers.gate.set()
+    finally:
+        await cluster.stop_all()
+
+
+async def test_a_silent_holder_is_taken_over_at_once() -> None:
+    """The holder stops heartbeating right after claiming: its claim is taken over as soon as
+    a failover turn finds it silent, not after the (here hour-long) claim lease."""
+    cluster = Cluster()
+    try:
+        job = every_second("silent", max_lateness=30)
+        start = await cluster.put(job)
+        nodes = ["a", "b", "c"]
+        owner, due = await freeze_owner(cluster, job, nodes)
+        for r in cluster.replicas.values():
+            r.scheduler.settings = replace(r.scheduler.settings, claim_lease=3600.0)
+        owner.members.cut = True
+        await cluster.run_until([job], due, timeout=10)
+        taken = [t for t in cluster.of(job.name) if t.due_ms == due]
+        assert [(t.node != owner.scheduler.node, t.attempt) for t in taken] == [(True, 2)]
+        end = second_after(now_ms(), 1)
+        await cluster.run_until([job], end, timeout=10)
+        owner.triggers.gate.set()
+        assert cluster.violations([job], (start, end)) == ""
+    finally:
+        await cluster.stop_all()
+
+
+async def test_a_claim_of_a_replica_that_left_is_taken_over_at_once() -> None:
+    """The holder leaves the membership (stopped, its publish never came) and a new instance
+    of the same node joins: the old instance's claim is taken over at once."""
+    cluster = Cluster()
+    try:
+        job = every_second("left", max_lateness=30)
+        start = await cluster.put(job)
+        nodes = ["a", "b", "c"]
+        owner, due = await freeze_owner(cluster, job, nodes)
+        for r in cluster.replicas.values():
+            r.scheduler.settings = replace(r.scheduler.settings, claim_lease=3600.0)
+        node = owner.scheduler.node
+        await cluster.stop(node)
+        await cluster.start(node, claim_lease=3600.0)
+        await cluster.run_until([job], due, timeout=10)
+        taken = [t for t in cluster.of(job.name) if t.due_ms == due]
+        assert [t.attempt for t in taken] == [2]
+        end = second_after(now_ms(), 1)
+        await cluster.run_until([job], end, timeout=10)
+        assert cluster.violations([job], (start, end)) == ""
+    finally:
+        await cluster.stop_all()

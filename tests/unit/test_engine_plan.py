@@ -7,9 +7,10 @@ went through the ordinary tick (its key is ``<job>:<due ms>``, at most once per 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -19,7 +20,14 @@ from harness import wait_for_async
 from hrwcron import hrw
 from hrwcron.memory import MemoryClaims, MemoryCounts, MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.model import JobSpec
-from hrwcron.ports import HEADER_KIND, HEADER_MSG_ID, HEADER_RUN, NullObserver
+from hrwcron.ports import (
+    HEADER_KIND,
+    HEADER_MSG_ID,
+    HEADER_RUN,
+    NullObserver,
+    Published,
+    TriggerWrite,
+)
 from hrwcron.scheduler import Scheduler, Settings
 from hrwcron.ticks import format_ms, manual_claim_key
 
@@ -300,6 +308,41 @@ async def test_max_runs_stops_after_exactly_n_across_a_restart_and_a_forgetful_s
     for scheduler in cluster.replicas.values():
         assert scheduler.runs_done(job.name) == 3
         assert scheduler.jobs[job.name].due is None
+
+
+class BatchWatchingTriggers(MemoryTriggers):
+    """The trigger stream, keeping the subjects of every batch of publishes it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
+        self.batches.append([subject for subject, _, _, _ in writes])
+        return await super().publish_many(writes)
+
+
+async def test_a_herd_of_max_runs_jobs_numbers_each_job_from_its_own_last_trigger(
+    cluster: Cluster,
+) -> None:
+    """Ticks due together go out as one batch; each trigger's run number still comes from
+    its own job's count and newest trigger, and no batch holds two triggers of one job."""
+    triggers = cluster.triggers = BatchWatchingTriggers()
+    herd = [JobSpec(name=f"herd.{i}", schedule="@every 1s", max_runs=3) for i in range(40)]
+    for job in [*herd, WITNESS]:
+        await cluster.jobs.put(job, None)
+    ahead = herd[1::2]  # one run used before the stream forgot it: only the count knows
+    for job in ahead:
+        await cluster.counts.raise_total(job.name, 1)
+    await cluster.start_all()
+    for job in herd:
+        await cluster.wait_keys(job.name, 2 if job in ahead else 3)
+    await cluster.wait_past(WITNESS.name, now_ms() + 2000)
+    for job in herd:
+        expected = ["2", "3"] if job in ahead else ["1", "2", "3"]
+        assert cluster.runs(job.name) == expected, job.name
+    assert all(len(set(batch)) == len(batch) for batch in triggers.batches)
+    assert max(len(batch) for batch in triggers.batches) > 1  # the herd did share batches
 
 
 async def test_manual_triggers_do_not_use_up_runs_and_raising_max_runs_fires_more(

@@ -163,6 +163,15 @@ def test_bulk_owners_agree_with_rank(jobs: list[str], nodes: list[str]) -> None:
     assert hrw.owners(jobs, nodes) == {job: hrw.rank(job, nodes)[0] for job in jobs}
 
 
+@given(jobs=job_lists, nodes=st.lists(names, max_size=12), data=st.data())
+def test_prepared_nodes_rank_like_rank(
+    jobs: list[str], nodes: list[str], data: st.DataObject
+) -> None:
+    prepared = hrw.prepare(data.draw(st.permutations(nodes + nodes[: len(nodes) // 2])))
+    for job in jobs:
+        assert hrw.rank_prepared(job, prepared) == hrw.rank(job, nodes)
+
+
 def test_no_nodes_no_owner() -> None:
     assert hrw.rank("job", []) == []
     assert hrw.owner("job", []) is None
@@ -209,6 +218,7 @@ def test_equal_scores_go_to_the_smaller_node_id(monkeypatch: pytest.MonkeyPatch)
     nodes = ["b", "c", "top", "a", "ä", "B"]
     expected = ["top", "B", "a", "b", "c", "ä"]
     assert hrw.rank("job", nodes) == expected
+    assert hrw.rank_prepared("job", hrw.prepare(nodes)) == expected
     assert hrw.owner("job", nodes) == "top"
     assert hrw.owner("job", [n for n in nodes if n != "top"]) == "B"
     assert hrw.owners(["job"], [n for n in nodes if n != "top"]) == {"job": "B"}

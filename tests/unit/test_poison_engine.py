@@ -3,8 +3,9 @@ in-memory stores, with the refusals a real stream gives."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from harness import wait_for_async
 from hrwcron import scheduler as scheduler_module
 from hrwcron.errors import ScheduleError
-from hrwcron.jetstream.triggers import message_size
+from hrwcron.jetstream.pipeline import message_size
 from hrwcron.memory import MemoryTriggers
 from hrwcron.model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode
 from hrwcron.ports import (
@@ -23,11 +24,18 @@ from hrwcron.ports import (
     HEADER_WATERMARK,
     FenceConflict,
     Published,
-    PublishRejected,
+    StoreRefused,
+    TriggerWrite,
 )
 from hrwcron.ticks import format_ms, manual_claim_key
 
 from .test_engine import Cluster, every_second, now_ms, second_after
+
+
+def _failed(error: Exception) -> asyncio.Future[Published]:
+    future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return future
 
 
 class RefusingTriggers(MemoryTriggers):
@@ -40,15 +48,32 @@ class RefusingTriggers(MemoryTriggers):
         self.conflicts = False
         self.refusals = 0
 
+    def _refusal(self, subject: str) -> Exception | None:
+        if subject in self.refused:
+            self.refusals += 1
+            why = "message size exceeds maximum allowed (JetStream error 10054)"
+            return StoreRefused(why, err_code=10054)
+        if self.conflicts:
+            return FenceConflict("wrong last sequence")
+        return None
+
     async def publish(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
     ) -> Published:
-        if subject in self.refused:
-            self.refusals += 1
-            raise PublishRejected("message size exceeds maximum allowed (JetStream error 10054)")
-        if self.conflicts:
-            raise FenceConflict("wrong last sequence")
+        refusal = self._refusal(subject)
+        if refusal is not None:
+            raise refusal
         return await super().publish(subject, body, headers, expected_last_seq)
+
+    async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
+        answers: list[asyncio.Future[Published]] = []
+        for write in writes:
+            refusal = self._refusal(write[0])
+            if refusal is not None:
+                answers.append(_failed(refusal))
+            else:
+                answers += await super().publish_many([write])
+        return answers
 
 
 @pytest.fixture

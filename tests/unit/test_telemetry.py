@@ -161,10 +161,11 @@ def test_nats_connection_is_read_at_scrape_time() -> None:
 
 def test_tracing_off_costs_a_null_span() -> None:
     t = Telemetry(node="a", process_metrics=False)
-    with t.tick_span("j", "j:1000", 1000, 0) as span:
-        assert isinstance(span, NullSpan)
-        headers: dict[str, str] = {}
-        span.inject(headers)
+    span = t.start_tick_span("j", "j:1000", 1000, 0)
+    assert isinstance(span, NullSpan)
+    headers: dict[str, str] = {}
+    span.inject(headers)
+    span.end()
     assert headers == {}
 
 
@@ -298,9 +299,10 @@ async def test_spans_record_errors_and_seen_triggers() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     t = Telemetry(node="a", tracer_provider=provider, process_metrics=False)
-    with t.tick_span("j", "j:1000", 1000, 2) as span:
-        span.set("error", "claim write timed out")
-        span.set("outcome", "error")
+    span = t.start_tick_span("j", "j:1000", 1000, 2)
+    span.set("error", "claim write timed out")
+    span.set("outcome", "error")
+    span.end()
     (tick,) = exporter.get_finished_spans()
     assert tick.status.status_code == StatusCode.ERROR
     assert dict(tick.attributes or {})["hrwcron.rank"] == 2
@@ -365,8 +367,9 @@ async def test_spans_reach_an_otlp_collector(monkeypatch: pytest.MonkeyPatch) ->
         provider = tracer_provider_from_env(env, service_name="hrwcron", node="a")
         assert provider is not None
         t = Telemetry(node="a", tracer_provider=provider, process_metrics=False)
-        with t.tick_span("j", "j:1000", 1000, 0) as span:
-            span.set("outcome", "started")
+        span = t.start_tick_span("j", "j:1000", 1000, 0)
+        span.set("outcome", "started")
+        span.end()
         await t.shutdown(timeout=10)  # flushes the batch processor
         assert collector.bodies, "the collector received no export request"
     request = ExportTraceServiceRequest.FromString(collector.bodies[0])
@@ -389,8 +392,9 @@ def test_without_the_otlp_extra_spans_are_made_but_not_exported(
     assert provider is not None
     assert "pip install 'hrwcron[otlp]'" in caplog.text
     t = Telemetry(node="a", tracer_provider=provider, process_metrics=False)
-    with t.tick_span("j", "j:1000", 1000, 0) as span:
-        headers: dict[str, str] = {}
-        span.inject(headers)
+    span = t.start_tick_span("j", "j:1000", 1000, 0)
+    headers: dict[str, str] = {}
+    span.inject(headers)
+    span.end()
     assert headers["traceparent"].startswith("00-")  # workers still join the tick's trace
     provider.shutdown()

@@ -28,7 +28,15 @@ from .. import __version__
 from ..errors import ConflictError, InvalidInput, NotFoundError, Problem, SubjectTakenError
 from ..jobtable import by_due, format_due_cursor, parse_due_cursor, summary
 from ..model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode, job_name_problem
-from ..ports import HEADER_KIND, JobEvent, JobsPort, StoreUnavailable, TriggerRecord, TriggersPort
+from ..ports import (
+    HEADER_KIND,
+    JobEvent,
+    JobsPort,
+    StoreRefused,
+    StoreUnavailable,
+    TriggerRecord,
+    TriggersPort,
+)
 from ..scheduler import Scheduler
 from ..ticks import TickId, format_ms, manual_claim_key
 from .api import (
@@ -918,7 +926,9 @@ def _failed_write(name: str, error: Exception, subject_field: str) -> JobOutcome
     if isinstance(error, ConflictError):
         problem = ProblemBody(field="revision", message=str(error))
         return JobOutcome(name=name, outcome="conflict", problems=[problem])
-    if not isinstance(error, StoreUnavailable | TimeoutError | NatsTimeoutError | APIError):
+    if not isinstance(
+        error, StoreUnavailable | StoreRefused | TimeoutError | NatsTimeoutError | APIError
+    ):
         log.error("bulk write of %s failed: %s: %s", name, type(error).__name__, error)
     problem = ProblemBody(field="", message=f"NATS did not confirm the write ({error!r}); retry")
     return JobOutcome(name=name, outcome="failed", problems=[problem])

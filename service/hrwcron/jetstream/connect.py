@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
@@ -47,6 +49,14 @@ class ErrorLog:
         self._unlogged = 0
 
 
+@dataclass
+class ConnectionHooks:
+    """Called when the connection drops, before reconnecting: writes waiting for an answer
+    on the old connection will never get one."""
+
+    disconnected: list[Callable[[], None]] = field(default_factory=list)
+
+
 def tls_context(options: NatsConfig) -> ssl.SSLContext | None:
     wants_tls = any(s.startswith("tls://") for s in options.servers)
     if not (options.tls_ca or options.tls_cert or wants_tls):
@@ -57,7 +67,9 @@ def tls_context(options: NatsConfig) -> ssl.SSLContext | None:
     return context
 
 
-async def connect(options: NatsConfig, *, name_suffix: str = "") -> Client:
+async def connect(
+    options: NatsConfig, *, name_suffix: str = "", hooks: ConnectionHooks | None = None
+) -> Client:
     """Connect with reconnect-forever and a short ping interval.
 
     ``pending_size=0`` makes the client refuse writes while disconnected instead of buffering
@@ -77,6 +89,11 @@ async def connect(options: NatsConfig, *, name_suffix: str = "") -> Client:
             client.options["reconnect_time_wait"] = min(MAX_RETRY_S, wait * 2)
 
     async def on_disconnected() -> None:
+        for hook in hooks.disconnected if hooks else ():
+            try:
+                hook()
+            except Exception:
+                log.exception("a disconnect hook failed")
         if not (client.is_closed or client.is_draining):
             log.warning("nats: disconnected")
 

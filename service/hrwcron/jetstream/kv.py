@@ -8,8 +8,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo, DeliverPolicy
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -17,11 +15,12 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from ..errors import ConflictError, DuplicateNodeError, SubjectTakenError
 from ..model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec, decode_job, encode
-from ..ports import JobEvent, MemberRecord, StoreUnavailable
+from ..ports import ClaimWrite, JobEvent, MemberRecord, StoreUnavailable
+from .pipeline import WRONG_LAST_SEQUENCE, JetStreamPipeline, first, sequence_or_none
 
-WRONG_LAST_SEQUENCE = (10071, 10164)
 MARKER_REASON = "Nats-Marker-Reason"  # a server-placed TTL or purge marker, not a value
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+MSG_TTL = "Nats-TTL"
 
 
 async def conditional_put(
@@ -90,114 +89,46 @@ async def create_only(
     return await conditional_put(js, bucket, key, value, int(last.seq), ttl)
 
 
-# Writes a pipelined batch keeps outstanding at most (it sends more once half have been
-# answered), and how long the whole batch may take.
-PIPELINE_WINDOW = 4096
-PIPELINE_TIMEOUT = 30.0
+# Compare-and-set writes of a bulk write sent as one pipelined round, and how long one round
+# may wait for its answers (the replica's own batches of ticks are far smaller and quicker).
+BULK_ROUND = 4096
+BULK_TIMEOUT = 30.0
 
 
-class _Ack(msgspec.Struct):
-    seq: int = 0
-    error: dict[str, Any] | None = None
-
-
-async def pipelined_puts(
-    client: Client,
+async def conditional_writes(
+    pipeline: JetStreamPipeline,
     writes: Sequence[tuple[str, bytes, int]],
     *,
-    window: int = PIPELINE_WINDOW,
-    timeout: float = PIPELINE_TIMEOUT,
+    round_size: int = BULK_ROUND,
+    timeout: float = BULK_TIMEOUT,
 ) -> list[int | Exception | None]:
-    """Publish every ``(subject, value, expected last subject sequence)`` to JetStream, each
-    compare-and-set like :func:`conditional_put`, with up to ``window`` in flight on one reply
-    subscription: the answer per write is its stream sequence, None when the expectation did
-    not hold, or the error. A write without an answer in ``timeout`` gets StoreUnavailable: it
-    may or may not have been applied.
-
-    One core publish per write and one shared inbox, and the sender pauses only when a whole
-    window is outstanding, so the client flushes writes in large batches. Awaiting each
-    ``js.publish`` costs a task, a timer and a flush per write: several times the work."""
-    loop = asyncio.get_running_loop()
-    prefix = client.new_inbox()
-    futures: list[asyncio.Future[bytes]] = []
-    outstanding = 0
-    room = asyncio.Event()
-
-    def settle(future: asyncio.Future[bytes], value: bytes | Exception) -> None:
-        nonlocal outstanding
-        if future.done():
-            return
-        if isinstance(value, Exception):
-            future.set_exception(value)
-        else:
-            future.set_result(value)
-        outstanding -= 1
-        if outstanding <= window // 2:
-            room.set()
-
-    async def answered(msg: Msg) -> None:
-        future = futures[int(msg.subject[len(prefix) + 1 :])]
-        if (msg.headers or {}).get("Status") == "503":
-            settle(future, StoreUnavailable("no stream answered the write (503)"))
-        else:
-            settle(future, msg.data)
-
-    subscription = await client.subscribe(
-        f"{prefix}.*", cb=answered, pending_msgs_limit=-1, pending_bytes_limit=-1
-    )
+    """Publish every ``(subject, value, expected last subject sequence)``, each
+    compare-and-set like :func:`conditional_put`, through the pipeline in rounds of
+    ``round_size``: the answer per write is its stream sequence, None when the expectation did
+    not hold, or the error (StoreUnavailable: it may or may not have been applied). After a
+    round with writes left unanswered, the rest is not sent: JetStream stopped answering."""
     results: list[int | Exception | None] = []
-    try:
-        deadline = loop.time() + timeout
-        for index, (subject, value, last) in enumerate(writes):
-            if outstanding >= window:
-                room.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(room.wait(), max(0.0, deadline - loop.time()))
-                if loop.time() >= deadline:
-                    break  # JetStream stopped answering: send no more
-            futures.append(loop.create_future())
-            outstanding += 1
-            await client.publish(
-                subject,
-                value,
-                reply=f"{prefix}.{index}",
-                headers={EXPECTED_LAST_SUBJECT_SEQ: str(last)},
-            )
-        pending = [f for f in futures if not f.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
-        results = [_ack_result(future) for future in futures]
-        unsent = StoreUnavailable("not written: JetStream stopped answering earlier writes")
-        results += [unsent] * (len(writes) - len(futures))
-    finally:
-        with contextlib.suppress(Exception):
-            await subscription.unsubscribe()
-        for future in futures:
-            if not future.done():
-                future.cancel()
+    for start in range(0, len(writes), round_size):
+        messages = [
+            (subject, value, {EXPECTED_LAST_SUBJECT_SEQ: str(last)})
+            for subject, value, last in writes[start : start + round_size]
+        ]
+        futures = await pipeline.publish_many(messages, sequence_or_none, timeout=timeout)
+        await asyncio.wait(futures)  # each is answered, refused or expired by the pipeline
+        answers = [_answer(future) for future in futures]
+        results += answers
+        if any(isinstance(answer, StoreUnavailable) for answer in answers):
+            unsent = StoreUnavailable("not written: JetStream stopped answering earlier writes")
+            results += [unsent] * (len(writes) - len(results))
+            break
     return results
 
 
-def _ack_result(future: asyncio.Future[bytes]) -> int | Exception | None:
-    if not future.done():
-        return StoreUnavailable("no answer from JetStream in time")
-    if future.exception() is not None:
-        error = future.exception()
-        assert isinstance(error, Exception)
-        return error
-    try:
-        ack = msgspec.json.decode(future.result(), type=_Ack)
-    except msgspec.MsgspecError as exc:
-        return StoreUnavailable(f"unreadable answer from JetStream: {exc}")
-    if ack.error is not None:
-        if ack.error.get("err_code") in WRONG_LAST_SEQUENCE:
-            return None
-        try:
-            APIError.from_error(ack.error)  # raises the error's own class
-        except APIError as exc:
-            return exc
-        return APIError(**ack.error)
-    return ack.seq
+def _answer(future: asyncio.Future[int | None]) -> int | Exception | None:
+    error = future.exception()
+    if error is None:
+        return future.result()
+    return error if isinstance(error, Exception) else StoreUnavailable(repr(error))
 
 
 async def _entry(kv: KeyValue, key: str) -> KeyValue.Entry | None:
@@ -374,13 +305,31 @@ def _member_record(value: bytes, revision: int) -> MemberRecord | None:
 
 
 class JetStreamClaims:
-    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+    """Claims are conditional writes to the bucket's stream, sent through the pipeline: a
+    create expects the key's last revision to be 0, a takeover the revision it read."""
+
+    def __init__(
+        self, js: JetStreamContext, kv: KeyValue, bucket: str, pipeline: JetStreamPipeline
+    ) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
+        self._pipeline = pipeline
+        self._subject = f"$KV.{bucket}."
+
+    def _write(
+        self, key: str, record: ClaimRecord, last: int, ttl: float
+    ) -> tuple[str, bytes, dict[str, str]]:
+        headers = {EXPECTED_LAST_SUBJECT_SEQ: str(last), MSG_TTL: str(max(1, round(ttl)))}
+        return self._subject + key, encode(record), headers
 
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:
-        return await conditional_put(self._js, self._bucket, key, encode(record), 0, ttl)
+        return await first(await self.create_many([(key, record, ttl)]))
+
+    async def create_many(self, writes: Sequence[ClaimWrite]) -> list[asyncio.Future[int | None]]:
+        return await self._pipeline.publish_many(
+            [self._write(key, record, 0, ttl) for key, record, ttl in writes], sequence_or_none
+        )
 
     async def get(self, key: str) -> tuple[ClaimRecord, int] | None:
         entry = await _entry(self._kv, key)
@@ -391,12 +340,24 @@ class JetStreamClaims:
     async def replace(
         self, key: str, record: ClaimRecord, last_revision: int, ttl: float
     ) -> int | None:
-        return await conditional_put(
-            self._js, self._bucket, key, encode(record), last_revision, ttl
-        )
+        write = self._write(key, record, last_revision, ttl)
+        return await first(await self._pipeline.publish_many([write], sequence_or_none))
 
     async def release(self, key: str, last_revision: int) -> bool:
-        return await conditional_delete(self._js, self._bucket, key, last_revision)
+        """Remove the claim's message itself. A delete marker would not do: a create expects
+        the key to have no message at all (last sequence 0), so the retry the released claim
+        is for would find it taken. The bucket keeps one message per key, so a claim still at
+        ``last_revision`` is that sequence's message, and purging the key below the next
+        sequence can never remove a newer claim, even one written meanwhile."""
+        stream = f"KV_{self._bucket}"
+        subject = self._subject + key
+        try:
+            held = await self._js.get_msg(stream, last_revision)
+        except NotFoundError:
+            return False
+        if held.subject != subject:
+            return False
+        return await self._js.purge_stream(stream, seq=last_revision + 1, subject=subject)
 
 
 # Subject claims live in the claims bucket under keys that no tick claim can have: a claim key
@@ -447,14 +408,14 @@ class JetStreamJobs:
         *,
         claims_bucket: str | None = None,
         subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
-        client: Client | None = None,
+        pipeline: JetStreamPipeline | None = None,
     ) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
         self._claims = claims_bucket
         self._prefix = subject_prefix
-        self._client = client
+        self._pipeline = pipeline
 
     @staticmethod
     def _event(entry: KeyValue.Entry) -> JobEvent:
@@ -507,9 +468,9 @@ class JetStreamJobs:
         through. Whatever that leaves over (a delete marker, an existing job or claim, an
         update) takes ``put``'s own path, ``in_flight`` at a time."""
         results: list[int | Exception | None] = [None] * len(items)
-        if self._claims is not None and self._client is not None:
+        if self._claims is not None and self._pipeline is not None:
             creates = [i for i, (_, revision) in enumerate(items) if revision == 0]
-            await self._create_new(items, creates, results, self._client, self._claims)
+            await self._create_new(items, creates, results, self._pipeline, self._claims)
         slots = asyncio.Semaphore(in_flight)
 
         async def one(index: int) -> None:
@@ -528,7 +489,7 @@ class JetStreamJobs:
         items: Sequence[tuple[JobSpec, int | None]],
         creates: list[int],
         results: list[int | Exception | None],
-        client: Client,
+        pipeline: JetStreamPipeline,
         claims: str,
     ) -> None:
         """The fast path of :meth:`put_many` for jobs that never existed. A claim written
@@ -544,7 +505,7 @@ class JetStreamJobs:
             )
             for i in creates
         ]
-        claimed = await pipelined_puts(client, claim_writes)
+        claimed = await conditional_writes(pipeline, claim_writes)
         holding: list[int] = []
         for index, answer in zip(creates, claimed, strict=True):
             if isinstance(answer, Exception):
@@ -554,7 +515,7 @@ class JetStreamJobs:
         job_writes = [
             (f"$KV.{self._bucket}.{items[i][0].name}", encode(items[i][0]), 0) for i in holding
         ]
-        written = await pipelined_puts(client, job_writes)
+        written = await conditional_writes(pipeline, job_writes)
         for index, answer in zip(holding, written, strict=True):
             if answer is not None:
                 results[index] = answer

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
-from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import NotFoundError
 
-from ..model import MAX_SUBJECT_LENGTH
 from ..ports import (
     HEADER_MSG_ID,
     HEADER_RUN,
@@ -22,10 +20,31 @@ from ..ports import (
     FenceConflict,
     LastTrigger,
     Published,
-    PublishRejected,
     TriggerRecord,
+    TriggerWrite,
 )
-from .kv import EXPECTED_LAST_SUBJECT_SEQ, WRONG_LAST_SEQUENCE, nothing_to_read
+from .kv import EXPECTED_LAST_SUBJECT_SEQ, nothing_to_read
+from .pipeline import WRONG_LAST_SEQUENCE, JetStreamPipeline, PubAck, api_error, first
+
+
+def _position(reply: str) -> tuple[int, int]:
+    """(stream sequence, messages pending) from a JetStream delivery's reply subject, without
+    building nats-py's Metadata (two dataclasses and a datetime per message):
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``, or the form
+    with domain and account hash after ``ACK`` (and a random token at the end)."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[5]), int(tokens[8])
+    return int(tokens[7]), int(tokens[10])
+
+
+def _published(ack: PubAck) -> Published:
+    error = ack.error
+    if error is not None:
+        if error.err_code in WRONG_LAST_SEQUENCE:
+            raise FenceConflict(error.description)
+        raise api_error(error)
+    return Published(ack.seq, ack.duplicate)
 
 
 def _number(headers: Mapping[str, str], name: str) -> int:
@@ -45,69 +64,34 @@ def _last(seq: int, headers: Mapping[str, str] | None) -> LastTrigger:
     )
 
 
-def message_size(body: bytes, headers: Mapping[str, str]) -> int:
-    """Bytes a message with headers counts against max_payload: the NATS/1.0 header block
-    (``Name: value`` lines and a blank line) plus the body."""
-    block = len(b"NATS/1.0\r\n") + 2
-    block += sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
-    return block + len(body)
-
-
-def refusal(exc: Exception) -> str | None:
-    """Why a failed publish can never succeed as it is, or None when a retry may. The stream
-    answers 400 for a message it will not store (too large for it, a bad header); 503s,
-    timeouts and lost connections are passing trouble."""
-    if isinstance(exc, MaxPayloadError):
-        return "it is larger than the server's max_payload"
-    if isinstance(exc, APIError) and exc.code in (400, 413):
-        return f"{exc.description or 'refused'} (JetStream error {exc.err_code})"
-    return None
-
-
 class JetStreamTriggers:
+    """Triggers go out through the pipeline, which also refuses one the server would close
+    the connection over (larger than its max_payload, a subject too long for a control line)
+    before it is sent: StoreRefused for that trigger, the connection untouched."""
+
     def __init__(
-        self,
-        js: JetStreamContext,
-        stream: str,
-        subject_prefix: str,
-        *,
-        max_payload: Callable[[], int] | None = None,
+        self, js: JetStreamContext, stream: str, subject_prefix: str, pipeline: JetStreamPipeline
     ) -> None:
-        """``max_payload`` reads the connected server's limit (it may change on reconnect);
-        without it the size of a trigger is left to the server."""
         self._js = js
         self._stream = stream
         self._prefix = subject_prefix
-        self._max_payload = max_payload
+        self._pipeline = pipeline
 
     async def publish(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
     ) -> Published:
-        sent = dict(headers)
-        sent[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_seq)
-        # nats-server closes the whole connection over an oversized message or control line,
-        # and nats-py never reconnects after that: refuse such a trigger here instead.
-        limit = self._max_payload() if self._max_payload is not None else 0
-        size = message_size(body, sent)
-        if limit and size > limit:
-            raise PublishRejected(
-                f"the trigger is {size} bytes with its headers, more than the server's "
-                f"max_payload ({limit} bytes)"
-            )
-        if len(subject) > MAX_SUBJECT_LENGTH:
-            raise PublishRejected(
-                f"its subject is {len(subject)} characters, more than {MAX_SUBJECT_LENGTH}"
-            )
-        try:
-            ack = await self._js.publish(subject, body, stream=self._stream, headers=sent)
-        except (APIError, MaxPayloadError) as exc:
-            if isinstance(exc, APIError) and exc.err_code in WRONG_LAST_SEQUENCE:
-                raise FenceConflict(str(exc)) from None
-            why = refusal(exc)
-            if why is not None:
-                raise PublishRejected(why) from None
-            raise
-        return Published(int(ack.seq), bool(ack.duplicate))
+        return await first(
+            await self.publish_many([(subject, body, dict(headers), expected_last_seq)])
+        )
+
+    async def publish_many(self, writes: Sequence[TriggerWrite]) -> list[asyncio.Future[Published]]:
+        # No Nats-Expected-Stream: every stored header is parsed again by every replica's
+        # feed, and the server refuses overlapping stream subjects anyway.
+        messages = []
+        for subject, body, headers, expected in writes:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
+            messages.append((subject, body, headers))
+        return await self._pipeline.publish_many(messages, _published)
 
     async def last(self, subject: str) -> LastTrigger | None:
         try:
@@ -138,9 +122,9 @@ class JetStreamTriggers:
                 yield None
             while True:
                 msg = await queue.get()
-                meta = msg.metadata
-                yield msg.subject, _last(int(meta.sequence.stream), msg.headers)
-                if not loaded and meta.num_pending == 0:
+                seq, pending = _position(msg.reply)
+                yield msg.subject, _last(seq, msg.headers)
+                if not loaded and pending == 0:
                     loaded = True
                     yield None
         finally:
