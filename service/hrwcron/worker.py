@@ -62,12 +62,12 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from .errors import HrwcronError, NatsSetupError
-from .failpoints import Failpoints
-from .jetstream.kv import MARKER_REASON, conditional_put
-from .jetstream.pipeline import WRONG_LAST_SEQUENCE
-from .model import TriggerMessage
-from .ports import HEADER_MSG_ID
+from hrwcron.adapters.jetstream.kv import MARKER_REASON, conditional_put
+from hrwcron.adapters.jetstream.pipeline import WRONG_LAST_SEQUENCE
+from hrwcron.core.errors import HrwcronError, NatsSetupError
+from hrwcron.core.model import TriggerMessage
+from hrwcron.engine.failpoints import Failpoints
+from hrwcron.engine.ports import HEADER_MSG_ID
 
 log = logging.getLogger("hrwcron.worker")
 
@@ -94,7 +94,7 @@ class FailpointError(HrwcronError):
 
 
 class WorkerFailpoints(Failpoints):
-    """The replicas' failpoints (``HRWCRON_FAILPOINTS``, see :mod:`hrwcron.failpoints`) at the
+    """The replicas' failpoints (``HRWCRON_FAILPOINTS``, :mod:`hrwcron.engine.failpoints`) at the
     worker's steps, plus the action ``error``, which raises :class:`FailpointError` once.
 
     Points: ``worker_begin``, ``worker_handler_returned`` (between the handler's return and its

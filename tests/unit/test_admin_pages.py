@@ -8,10 +8,10 @@ import re
 
 import msgspec
 
+from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin import service as admin_service
 from hrwcron.admin.api import ErrorBody, ErrorReply, JobList, ProblemBody
-from hrwcron.memory import MemoryJobs
-from hrwcron.model import JobSpec
+from hrwcron.core.model import JobSpec
 
 from .serving import serving
 from .test_limits import call, refusal

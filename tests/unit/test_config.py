@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hrwcron.config import (
+from hrwcron.core.config import (
     Config,
     ConfigFileError,
     config_warnings,
@@ -15,7 +15,7 @@ from hrwcron.config import (
     parse_config,
     redact_url,
 )
-from hrwcron.errors import ConfigError
+from hrwcron.core.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hrwcron.toml"
 
@@ -633,7 +633,7 @@ delete_after = "1h"
 
 
 def test_claims_storage_follows_storage_memory_and_its_own_setting() -> None:
-    from hrwcron.jetstream.provision import Layout, StorageType
+    from hrwcron.adapters.jetstream.provision import Layout, StorageType
 
     assert Layout().claims_storage_type == StorageType.MEMORY
     assert Layout(claims_storage="file").claims_storage_type == StorageType.FILE

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from harness import wait_for_async
-from hrwcron import scheduler as scheduler_module
-from hrwcron.errors import ScheduleError
-from hrwcron.jetstream.pipeline import message_size
-from hrwcron.memory import MemoryTriggers
-from hrwcron.model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode
-from hrwcron.ports import (
+from hrwcron.adapters.jetstream.pipeline import message_size
+from hrwcron.adapters.memory import MemoryTriggers
+from hrwcron.core.errors import ScheduleError
+from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode
+from hrwcron.core.ticks import format_ms, manual_claim_key
+from hrwcron.engine import scheduler as scheduler_module
+from hrwcron.engine.ports import (
     HEADER_DUE,
     HEADER_JOB,
     HEADER_KIND,
@@ -27,7 +28,6 @@ from hrwcron.ports import (
     StoreRefused,
     TriggerWrite,
 )
-from hrwcron.ticks import format_ms, manual_claim_key
 
 from .test_engine import Cluster, every_second, now_ms, second_after
 

@@ -11,10 +11,7 @@ from nats.aio.client import Client
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from ..errors import ConflictError, HrwcronError
-from ..model import JobSpec
-from ..ports import JobEvent
-from .api import (
+from hrwcron.admin.api import (
     ADMIN_PREFIX,
     MAX_BULK,
     MAX_LIST,
@@ -33,6 +30,9 @@ from .api import (
     TriggerResult,
     subject,
 )
+from hrwcron.core.errors import ConflictError, HrwcronError
+from hrwcron.core.model import JobSpec
+from hrwcron.engine.ports import JobEvent
 
 R = TypeVar("R", bound=msgspec.Struct)
 

@@ -24,22 +24,8 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
 
-from .. import __version__
-from ..errors import ConflictError, InvalidInput, NotFoundError, Problem, SubjectTakenError
-from ..jobtable import by_due, format_due_cursor, parse_due_cursor, summary
-from ..model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode, job_name_problem
-from ..ports import (
-    HEADER_KIND,
-    JobEvent,
-    JobsPort,
-    StoreRefused,
-    StoreUnavailable,
-    TriggerRecord,
-    TriggersPort,
-)
-from ..scheduler import Scheduler
-from ..ticks import TickId, format_ms, manual_claim_key
-from .api import (
+from hrwcron import __version__
+from hrwcron.admin.api import (
     ADMIN_PREFIX,
     ERROR_CODES,
     MAX_BACKFILL,
@@ -82,6 +68,26 @@ from .api import (
     manual_id_problem,
     subject,
 )
+from hrwcron.admin.jobtable import by_due, format_due_cursor, parse_due_cursor, summary
+from hrwcron.core.errors import (
+    ConflictError,
+    InvalidInput,
+    NotFoundError,
+    Problem,
+    SubjectTakenError,
+)
+from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode, job_name_problem
+from hrwcron.core.ticks import TickId, format_ms, manual_claim_key
+from hrwcron.engine.ports import (
+    HEADER_KIND,
+    JobEvent,
+    JobsPort,
+    StoreRefused,
+    StoreUnavailable,
+    TriggerRecord,
+    TriggersPort,
+)
+from hrwcron.engine.scheduler import Scheduler
 
 log = logging.getLogger("hrwcron.admin")
 

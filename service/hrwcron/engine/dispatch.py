@@ -1,0 +1,617 @@
+"""The life of a tick, for many ticks at once: claims, then fenced publishes, as batches.
+
+The timer hands over every tick this replica should act on now. A batch is one coroutine: the
+claims of all its ticks go out in one pipelined round; each tick then moves on as soon as its
+own answer arrives, and the publishes of the ticks whose answers came together go out as the
+next round. Each tick's outcome is its own: a lost claim, a fence conflict, a refusal, an
+error or no answer in time touches that tick only. The rare steps (reading a claim held by
+someone else, taking it over, the overlap check, re-reading a fenced subject) run as their
+own small coroutines inside the batch, and so do the rarer still: reading a max_runs job's
+run count, and recording on a claim that the server refused its trigger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hrwcron.core.model import ClaimRecord, TriggerMessage, encode
+from hrwcron.core.ticks import TickId, format_ms
+from hrwcron.engine.ports import (
+    HEADER_DUE,
+    HEADER_JOB,
+    HEADER_KIND,
+    HEADER_MSG_ID,
+    HEADER_RUN,
+    HEADER_WATERMARK,
+    FenceConflict,
+    LastTrigger,
+    Published,
+    StoreRefused,
+    TickSpan,
+    TriggerWrite,
+)
+
+if TYPE_CHECKING:
+    from hrwcron.engine.scheduler import Scheduler, _Job
+
+log = logging.getLogger("hrwcron.scheduler")
+
+# How often one tick may find its subject moved on and re-read it before giving up for now.
+MAX_FENCES = 5
+# Claim outcomes that resolve a tick without a trigger: the holder skipped it (overlap), or
+# the server refused its trigger (another replica's would be refused the same way).
+CLAIM_RESOLVED = frozenset({"skipped", "rejected"})
+
+
+@dataclass(frozen=True, slots=True)
+class HeldClaim:
+    """A claim seen held by another instance: what the tick waits on instead of polling."""
+
+    revision: int
+    seen_mono: float  # when this replica first saw this revision (lease clock)
+    node: str
+    instance: str
+
+
+class Flight:
+    """One tick (or manual trigger) on its way through a batch."""
+
+    __slots__ = (
+        "attempt",
+        "claim_key",
+        "due",
+        "entry",
+        "error",
+        "expected",
+        "fences",
+        "job",
+        "kind",
+        "msg_id",
+        "outcome",
+        "rank",
+        "record",
+        "revision",
+        "run",
+        "span",
+        "step_span",
+        "watermark",
+    )
+
+    def __init__(
+        self,
+        job: _Job,
+        entry: int,
+        due: int,
+        rank: int,
+        kind: str = "scheduled",
+        msg_id: str = "",
+        claim_key: str = "",
+    ) -> None:
+        self.job = job
+        self.entry = entry
+        self.due = due
+        self.rank = rank
+        self.kind = kind
+        if not msg_id or not claim_key:
+            tick = TickId(job.spec.name, due)
+            msg_id, claim_key = msg_id or tick.key, claim_key or tick.claim_key
+        self.msg_id = msg_id
+        self.claim_key = claim_key
+        self.record: ClaimRecord | None = None
+        self.revision = 0
+        self.attempt = 0
+        self.fences = 0
+        self.expected = 0
+        self.watermark = 0
+        self.run: int | None = None  # the Hrwcron-Run header of a max_runs job's trigger
+        self.span: TickSpan | None = None
+        self.step_span: TickSpan | None = None
+        self.outcome = ""
+        self.error = ""
+
+
+# The step a pending answer belongs to.
+_CREATE, _READ, _TAKEOVER, _RUNS, _SKIP, _PUBLISH, _LAST, _COUNT, _REJECT = range(9)
+
+
+class _Batch:
+    """The answers a batch waits for, and a wake-up when some have come."""
+
+    __slots__ = ("answered", "deadline", "event", "pending", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.pending: dict[asyncio.Future[Any], tuple[Flight, int]] = {}
+        self.answered: list[asyncio.Future[Any]] = []
+        self.event = asyncio.Event()
+        self.timeout = timeout
+        self.deadline = 0.0
+
+    def wait(self, flight: Flight, future: asyncio.Future[Any], step: int) -> None:
+        self.pending[future] = (flight, step)
+        future.add_done_callback(self._landed)
+
+    def sent(self) -> None:
+        """Writes just went out: they get the whole timeout, even when the replica was
+        paused after the previous round (its first act on waking must not be a timeout)."""
+        self.deadline = asyncio.get_running_loop().time() + self.timeout
+
+    def _landed(self, future: asyncio.Future[Any]) -> None:
+        self.answered.append(future)
+        self.event.set()
+
+
+class Dispatcher:
+    """Runs batches of flights for one scheduler; at most ``max_in_flight`` ticks at a time."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+        self.in_flight = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        # Claim operations so far, reported to the observer per batch: what a tick costs the
+        # claims bucket beyond its one create.
+        self.creates = 0
+        self.reads = 0
+        self.replaces = 0
+        self._told = (0, 0, 0)  # the counts last reported to the observer
+
+    # ------------------------------------------------------------------------- batches
+
+    def submit(self, flights: Sequence[Flight]) -> None:
+        self._s._queued_acts.extend(flights)
+        self.start_batches()
+
+    def start_batches(self) -> None:
+        s = self._s
+        queued = s._queued_acts
+        room = s.settings.max_in_flight - self.in_flight
+        if room <= 0 or not queued or s._stopping:
+            return
+        take = [queued.popleft() for _ in range(min(room, len(queued)))]
+        self.in_flight += len(take)
+        task = asyncio.create_task(self.run(take), name="ticks")
+        self.tasks.add(task)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a batch of ticks crashed: %r", task.exception())
+
+    async def run(self, flights: list[Flight]) -> None:
+        """Claims, then publishes, for every flight; returns once each has an outcome (or the
+        batch's deadline passed: what is still unanswered then counts as an error)."""
+        s = self._s
+        # A little beyond the stores' own deadline, which answers first when they have one.
+        batch = _Batch(s.settings.write_timeout + 1.0)
+        creates: list[Flight] = []
+        for flight in flights:
+            self._begin(flight, batch, creates)
+        try:
+            await self._send_creates(creates, batch)
+            while batch.pending:
+                if not batch.answered:
+                    batch.event.clear()
+                    try:
+                        async with asyncio.timeout_at(batch.deadline):
+                            await batch.event.wait()
+                    except TimeoutError:
+                        break
+                answered, batch.answered = batch.answered, []
+                publishes: list[Flight] = []
+                won: list[Flight] = []
+                for future in answered:
+                    flight, step = batch.pending.pop(future)
+                    self._advance(flight, step, future, batch, publishes, won)
+                if won and s._failpoints:
+                    for flight in won:
+                        if flight.kind == "scheduled":
+                            await s._failpoints.hit("after_claim", flight.job.spec.name)
+                for flight in won:
+                    self._pre_publish(flight, batch, publishes)
+                await self._send_publishes(publishes, batch)
+                self.start_batches()
+            for future, (flight, _) in list(batch.pending.items()):
+                future.cancel()
+                self._fail(flight, "no answer before the batch's deadline")
+            batch.pending.clear()
+        finally:
+            # Cancelled (stopping): whatever is left ends as an error, and no later answer
+            # can touch it.
+            for future, (flight, _) in batch.pending.items():
+                future.cancel()
+                if not flight.outcome:
+                    self._fail(flight, "stopped")
+            self._report_ops()
+            self.start_batches()
+
+    def _report_ops(self) -> None:
+        told = self._told
+        ops = (self.creates - told[0], self.reads - told[1], self.replaces - told[2])
+        if any(ops):
+            self._told = (self.creates, self.reads, self.replaces)
+            self._s._observer.claim_ops(*ops)
+
+    # --------------------------------------------------------------------------- steps
+
+    def _begin(self, flight: Flight, batch: _Batch, creates: list[Flight]) -> None:
+        s = self._s
+        job = flight.job
+        if s.tracing:
+            flight.span = s._observer.start_tick_span(
+                job.spec.name, flight.msg_id, flight.due, flight.rank
+            )
+            if flight.kind != "scheduled":
+                flight.span.set("hrwcron.kind", flight.kind)
+        if flight.kind == "scheduled":
+            if s._done(job, flight.due):
+                self._resolve(flight, "already_claimed" if job.acted else "not_owner")
+                return
+            job.acted = True
+            held = job.claim_seen
+            if held is not None:
+                # Seen held by someone else before: what matters now is that claim's state.
+                self._spawn(batch, flight, _READ, s._claims.get(flight.claim_key))
+                self.reads += 1
+                return
+        flight.record = ClaimRecord(
+            node=s.node, instance=s.instance, attempt=1, claimed_ms=int(s.clock.now_ms())
+        )
+        creates.append(flight)
+
+    async def _send_creates(self, flights: list[Flight], batch: _Batch) -> None:
+        if not flights:
+            return
+        s = self._s
+        writes = []
+        for flight in flights:
+            assert flight.record is not None
+            writes.append((flight.claim_key, flight.record, s._claim_ttl(flight.job)))
+            if flight.span is not None:
+                flight.step_span = flight.span.start_child(
+                    "hrwcron.claim", {"hrwcron.claim.key": flight.claim_key}
+                )
+        self.creates += len(flights)
+        batch.sent()
+        try:
+            futures = await s._claims.create_many(writes)
+        except Exception as exc:
+            for flight in flights:
+                self._fail(flight, f"{type(exc).__name__}: {exc}")
+            return
+        for flight, future in zip(flights, futures, strict=True):
+            batch.wait(flight, future, _CREATE)
+
+    def _advance(
+        self,
+        flight: Flight,
+        step: int,
+        future: asyncio.Future[Any],
+        batch: _Batch,
+        publishes: list[Flight],
+        won: list[Flight],
+    ) -> None:
+        if future.cancelled():
+            self._fail(flight, "cancelled")
+            return
+        error = future.exception()
+        if step == _PUBLISH:
+            self._published(flight, future, error, batch, publishes)
+            return
+        if step == _REJECT:
+            # Recorded on the claim or not, the trigger cannot be published: a replica that
+            # does not see the record tries once more and meets the same refusal.
+            self._resolve(flight, "rejected")
+            return
+        if flight.step_span is not None:
+            if step == _CREATE:
+                flight.step_span.set(
+                    "hrwcron.claim.won", error is None and future.result() is not None
+                )
+            flight.step_span.end()
+            flight.step_span = None
+        if error is not None:
+            self._fail(flight, f"{type(error).__name__}: {error}")
+            return
+        result = future.result()
+        if step == _CREATE:
+            if result is not None:
+                flight.revision = result
+                flight.attempt = 1
+                won.append(flight)
+            elif flight.kind != "scheduled":
+                self._resolve(flight, "duplicate")  # this Msg-Id was claimed before
+            else:
+                self._spawn(batch, flight, _READ, self._s._claims.get(flight.claim_key))
+                self.reads += 1
+        elif step == _READ:
+            self._read(flight, result, batch, publishes)
+        elif step == _TAKEOVER:
+            self._taken_over(flight, result, batch, publishes)
+        elif step == _RUNS:
+            self._runs_checked(flight, bool(result), batch, publishes)
+        elif step == _SKIP:
+            self._resolve(flight, "skipped")
+        elif step == _LAST:
+            if result is not None:
+                self._s._remember(flight.job.subject, result)
+            self._prepare(flight, batch, publishes)
+        elif step == _COUNT:
+            self._prepare(flight, batch, publishes)
+
+    def _read(
+        self,
+        flight: Flight,
+        held: tuple[ClaimRecord, int] | None,
+        batch: _Batch,
+        publishes: list[Flight],
+    ) -> None:
+        """Someone holds this tick's claim. Ours from before (same instance): go on. Held by an
+        instance that is not live and ready, or unchanged beyond the lease: take it over.
+        Otherwise wait for the trigger to show up in the feed, or for the holder to fall
+        silent, without reading the claim again meanwhile."""
+        s = self._s
+        job = flight.job
+        if held is None:
+            job.claim_seen = None
+            self._resolve(flight, "lock_busy")  # expired between our create and read
+            return
+        record, revision = held
+        flight.attempt = record.attempt
+        if record.outcome in CLAIM_RESOLVED:
+            self._resolve(flight, "already_claimed")
+            return
+        if record.instance == s.instance:
+            flight.record, flight.revision = record, revision
+            self._pre_publish(flight, batch, publishes)
+            return
+        now = s.clock.monotonic()
+        seen = job.claim_seen
+        if seen is None or seen.revision != revision:
+            seen = HeldClaim(revision, now, record.node, record.instance)
+            job.claim_seen = seen
+        reason = ""
+        if not s.holder_live(record.node, record.instance):
+            reason = "its holder is not live and ready"
+        elif now - seen.seen_mono >= s.settings.claim_lease:
+            reason = f"unchanged for {now - seen.seen_mono:.1f} s"
+        if not reason:
+            self._resolve(flight, "lock_busy")
+            return
+        takeover = ClaimRecord(
+            node=s.node,
+            instance=s.instance,
+            attempt=record.attempt + 1,
+            claimed_ms=int(s.clock.now_ms()),
+        )
+        flight.record = takeover
+        flight.attempt = takeover.attempt
+        if flight.span is not None:
+            flight.span.set("hrwcron.takeover", True)
+        log.info("tick %s: took over the claim of %s (%s)", flight.msg_id, record.node, reason)
+        write = s._claims.replace(flight.claim_key, takeover, revision, s._claim_ttl(job))
+        self._spawn(batch, flight, _TAKEOVER, write)
+        self.replaces += 1
+
+    def _taken_over(
+        self, flight: Flight, revision: int | None, batch: _Batch, publishes: list[Flight]
+    ) -> None:
+        if revision is None:
+            flight.job.claim_seen = None
+            self._resolve(flight, "lock_busy")  # another replica took it over first
+            return
+        flight.revision = revision
+        self._prepare(flight, batch, publishes)  # a takeover never skips: the holder decided
+
+    def _pre_publish(self, flight: Flight, batch: _Batch, publishes: list[Flight]) -> None:
+        runs = self._s._runs
+        job = flight.job
+        if (
+            runs is not None
+            and flight.kind == "scheduled"
+            and job.spec.overlap == "skip"
+            and flight.attempt == 1
+        ):
+            self._spawn(batch, flight, _RUNS, runs.running(job.spec.name))
+            return
+        self._prepare(flight, batch, publishes)
+
+    def _runs_checked(
+        self, flight: Flight, running: bool, batch: _Batch, publishes: list[Flight]
+    ) -> None:
+        if not running:
+            self._prepare(flight, batch, publishes)
+            return
+        self._resolve_claim(flight, batch, _SKIP, "skipped")
+
+    def _resolve_claim(self, flight: Flight, batch: _Batch, step: int, outcome: str) -> None:
+        """Record on the claim that the tick is resolved without a trigger, so the others
+        take it as done instead of taking the claim over."""
+        s = self._s
+        claim = flight.record
+        assert claim is not None
+        resolved = ClaimRecord(
+            node=claim.node,
+            instance=claim.instance,
+            attempt=claim.attempt,
+            claimed_ms=claim.claimed_ms,
+            outcome=outcome,
+        )
+        write = s._claims.replace(
+            flight.claim_key, resolved, flight.revision, s._claim_ttl(flight.job)
+        )
+        self._spawn(batch, flight, step, write)
+        self.replaces += 1
+
+    def _prepare(self, flight: Flight, batch: _Batch, publishes: list[Flight]) -> None:
+        """Checks right before publishing, as of now: a replica that woke up late must not
+        publish late, a subject that already holds this tick or a later one is done, and a
+        max_runs job numbers its trigger from the subject's newest one (see runcount.py)."""
+        s = self._s
+        job = flight.job
+        due = flight.due
+        scheduled = flight.kind == "scheduled"
+        if scheduled and s.clock.now_ms() > due + job.spec.max_lateness_ms:
+            self._resolve(flight, "missed")
+            return
+        last = s.last.get(job.subject)
+        if scheduled and last is not None and last.watermark >= due:
+            self._resolve(flight, "duplicate" if last.msg_id == flight.msg_id else "fenced")
+            return
+        max_runs = job.spec.max_runs
+        if max_runs is not None:
+            counter = s._counter
+            name = job.spec.name
+            if not counter.known(name):
+                self._spawn(batch, flight, _COUNT, counter.load(name))
+                return
+            flight.run = counter.run_number(name, last.run if last else 0, max_runs, scheduled)
+            if flight.run is None:
+                self._resolve(flight, "max_runs")  # the limit was reached before this tick
+                return
+        flight.watermark = due if scheduled else (last.watermark if last else 0)
+        flight.expected = last.seq if last else 0
+        publishes.append(flight)
+
+    async def _send_publishes(self, flights: list[Flight], batch: _Batch) -> None:
+        if not flights:
+            return
+        s = self._s
+        writes: list[TriggerWrite] = []
+        fired_at = format_ms(int(s.clock.now_ms()))
+        for flight in flights:
+            job = flight.job
+            due = format_ms(flight.due)
+            headers = {
+                HEADER_MSG_ID: flight.msg_id,
+                HEADER_JOB: job.spec.name,
+                HEADER_DUE: due,
+                HEADER_WATERMARK: str(flight.watermark),
+                HEADER_KIND: flight.kind,
+            }
+            if flight.run is not None:
+                headers[HEADER_RUN] = str(flight.run)
+            if flight.span is not None:
+                flight.step_span = flight.span.start_child(
+                    f"publish {job.subject}",
+                    {
+                        "messaging.system": "nats",
+                        "messaging.destination.name": job.subject,
+                        "messaging.message.id": flight.msg_id,
+                        "messaging.operation.type": "publish",
+                    },
+                )
+                flight.step_span.inject(headers)
+            body = encode(
+                TriggerMessage(
+                    job=job.spec.name,
+                    tick=flight.msg_id,
+                    due=due,
+                    due_ms=flight.due,
+                    fired_at=fired_at,
+                    node=s.node,
+                    attempt=max(1, flight.attempt),
+                    payload=job.spec.payload,
+                    kind=flight.kind,  # type: ignore[arg-type]
+                )
+            )
+            writes.append((job.subject, body, headers, flight.expected))
+        batch.sent()
+        try:
+            futures = await s._triggers.publish_many(writes)
+        except Exception as exc:
+            for flight in flights:
+                self._end_step(flight)
+                self._fail(flight, f"{type(exc).__name__}: {exc}")
+            return
+        for flight, future in zip(flights, futures, strict=True):
+            batch.wait(flight, future, _PUBLISH)
+
+    def _published(
+        self,
+        flight: Flight,
+        future: asyncio.Future[Published],
+        error: BaseException | None,
+        batch: _Batch,
+        publishes: list[Flight],
+    ) -> None:
+        s = self._s
+        subject = flight.job.subject
+        if isinstance(error, FenceConflict):
+            if flight.step_span is not None:
+                flight.step_span.set("hrwcron.fenced", True)
+            self._end_step(flight)
+            # The subject moved on: re-read its last message; if that is this tick, it is done.
+            flight.fences += 1
+            if flight.fences >= MAX_FENCES:
+                self._resolve(flight, "lock_busy")
+                return
+            s.last.pop(subject, None)
+            self._spawn(batch, flight, _LAST, s._triggers.last(subject))
+            return
+        if isinstance(error, StoreRefused):
+            if flight.step_span is not None:
+                flight.step_span.set("hrwcron.rejected", str(error))
+            self._end_step(flight)
+            # Sending it again cannot succeed: this tick fails, not the replica.
+            s._mark_bad(flight.job, f"the server refused its trigger: {error}")
+            if flight.kind == "scheduled":
+                self._resolve_claim(flight, batch, _REJECT, "rejected")
+            else:
+                self._resolve(flight, "rejected")  # its caller gives the claim back
+            return
+        self._end_step(flight)
+        if error is not None:
+            self._fail(flight, f"{type(error).__name__}: {error}")
+            return
+        job = flight.job
+        job.problem = job.logged = ""
+        ack = future.result()
+        if ack.duplicate:
+            self._resolve(flight, "duplicate")
+            return
+        s._remember(subject, LastTrigger(ack.seq, flight.msg_id, flight.watermark, flight.run or 0))
+        self._resolve(flight, "started")
+
+    # ------------------------------------------------------------------------ outcomes
+
+    def _spawn(
+        self,
+        batch: _Batch,
+        flight: Flight,
+        step: int,
+        work: Coroutine[Any, Any, Any] | Awaitable[Any],
+    ) -> None:
+        batch.sent()
+        batch.wait(flight, asyncio.ensure_future(work), step)
+
+    @staticmethod
+    def _end_step(flight: Flight) -> None:
+        if flight.step_span is not None:
+            flight.step_span.end()
+            flight.step_span = None
+
+    def _fail(self, flight: Flight, error: str) -> None:
+        self._end_step(flight)
+        flight.error = error
+        self._s._log_error(flight.job, flight.msg_id, error)
+        if flight.span is not None:
+            flight.span.set("error", error)
+        self._resolve(flight, "error")
+
+    def _resolve(self, flight: Flight, outcome: str) -> None:
+        if flight.outcome:
+            return
+        flight.outcome = outcome
+        span = flight.span
+        if span is not None:
+            self._end_step(flight)
+            span.set("outcome", outcome)
+            span.set("attempt", flight.attempt)
+            span.end()
+        if flight.kind == "scheduled":
+            self.in_flight -= 1
+            self._s._acted(flight)
