@@ -249,7 +249,6 @@ JOBS = Verb(
             args=(PREFIX, QUIET, JSON, CONNECTION),
             request=_list,
             show=_show_list,
-            raw=False,
         ),
         Verb(
             "get",
@@ -257,7 +256,6 @@ JOBS = Verb(
             args=(JOB, JSON, CONNECTION),
             request=_get,
             show=_show_entry,
-            raw=False,
         ),
         Verb(
             "put",
@@ -283,7 +281,6 @@ JOBS = Verb(
             args=(JOB, _COMPARE_AND_SET, JSON, CONNECTION),
             request=_delete,
             show=_show_delete,
-            raw=False,
         ),
         *(
             Verb(
@@ -293,7 +290,6 @@ JOBS = Verb(
                 request=_pause,
                 show=_show_pause,
                 defaults={"paused": paused},
-                raw=False,
             )
             for verb, paused in (("pause", True), ("resume", False))
         ),
