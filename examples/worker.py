@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from hrwcron.cli.admin import connection_config
+from hrwcron.cli.request import connection_config
 from hrwcron.core.config import ENV_CONFIG_PATH, Config, ConfigFileError
 from hrwcron.core.errors import HrwcronError
 from hrwcron.adapters.jetstream.connect import connect

@@ -1,372 +1,56 @@
-"""The ``hrwcron`` command line.
+"""The ``hrwcron`` command line, built from one table of verbs.
 
-Each subcommand is one ``_add_<name>(subparsers)`` function, holding its single ``add_parser``
-block and binding its handler with ``set_defaults(handler=...)``, plus one small
-``_cmd_<name>(args) -> int`` handler. A new subcommand is registered by appending its ``_add_``
-function to :data:`COMMANDS`.
+Each verb (:class:`~hrwcron.cli.verb.Verb`) declares its arguments and either a local handler or
+an admin request with the way its reply is printed; the verb groups only declare them, and
+this module builds the parsers from :data:`VERBS` and runs the chosen verb. A new command is a
+``Verb`` added to the table.
 
-Handlers report bad input by raising :class:`~hrwcron.core.errors.InvalidInput`; :func:`main` turns
-that into messages on stderr and exit code 2. A handler computes everything before it prints, so
-a failing command leaves stdout empty.
+Handlers report bad input by raising :class:`~hrwcron.core.errors.InvalidInput`; :func:`main`
+turns that into messages on stderr and exit code 2. A handler computes everything before it
+prints, so a failing command leaves stdout empty.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-import time
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
 from typing import TypeAlias
 
 from hrwcron import __version__
-from hrwcron.cli.admin import (
-    add_apply,
-    add_backfill,
-    add_connection_options,
-    add_history,
-    add_jobs,
-    add_status,
-    add_trigger,
-    next_for_job,
-)
-from hrwcron.cli.provision import add_provision
-from hrwcron.cli.run import add_dev, add_run
-from hrwcron.core.config import ConfigFileError, config_warnings, load_config, node_id_problem
-from hrwcron.core.errors import InvalidInput, Problem, ScheduleError
-from hrwcron.core.hrw import rank, weighted_rank
-from hrwcron.core.model import JobSpec, job_name_problem
-from hrwcron.core.plan import SEARCH_BUDGET, SEARCH_HORIZON_MS, TickPlan
-from hrwcron.core.ticks import parse_instant
+from hrwcron.cli.apply import APPLY
+from hrwcron.cli.cluster import BACKFILL, HISTORY, STATUS, TRIGGER
+from hrwcron.cli.jobs import JOBS
+from hrwcron.cli.output import format_instant
+from hrwcron.cli.provision import PROVISION
+from hrwcron.cli.request import ask
+from hrwcron.cli.run import DEV, RUN
+from hrwcron.cli.schedule import CHECK_CONFIG, NEXT, OWNER
+from hrwcron.cli.verb import Handler, Verb, add_args
+from hrwcron.core.config import ConfigFileError
+from hrwcron.core.errors import InvalidInput
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-Handler: TypeAlias = Callable[[argparse.Namespace], int]
+__all__ = ["VERBS", "build_parser", "format_instant", "main"]
 
-EXIT_OK = 0
+_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
 EXIT_USAGE = 2
-MAX_COUNT = 10_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_FORMATTER = argparse.RawDescriptionHelpFormatter
+_RAW = argparse.RawDescriptionHelpFormatter
 
-
-def format_instant(epoch_ms: int) -> str:
-    """UTC ISO-8601 with ``Z``; milliseconds only when there are any."""
-    base = (_EPOCH + timedelta(seconds=epoch_ms // 1000)).strftime("%Y-%m-%dT%H:%M:%S")
-    ms = epoch_ms % 1000
-    return f"{base}.{ms:03d}Z" if ms else f"{base}Z"
-
-
-def _instant(text: str) -> int:
-    """An ISO-8601 instant with ``Z`` or a UTC offset, as epoch milliseconds."""
-    try:
-        return parse_instant(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_COUNT}")
-    return value
-
-
-def _emit(lines: Sequence[str]) -> None:
-    sys.stdout.write("".join(f"{line}\n" for line in lines))
-    sys.stdout.flush()
-
-
-# --- next ---------------------------------------------------------------------------------
-
-
-def _add_next(sub: Subparsers) -> None:
-    p = sub.add_parser(
-        "next",
-        help="print the next due instants of a schedule",
-        description=(
-            "Print the next due instants of a cron schedule, one UTC ISO-8601 instant per "
-            "line, evaluated in a time zone with hrwcron's daylight-saving rules. --start, "
-            "--end and --exclude apply a job's window and exclusions; fewer lines than --count "
-            "mean the schedule ends (a note on stderr says why)."
-        ),
-        epilog=(
-            "examples:\n"
-            "  hrwcron next '30 2 * * *' --tz America/New_York --after 2026-03-07T12:00:00Z\n"
-            "  hrwcron next '@every 90s' --count 5\n"
-            "  hrwcron next '0 0 9 * * MON-FRI' --tz Europe/Berlin  (6 fields: seconds first)\n"
-            "  hrwcron next '0 0 L * *' --count 3  (the last day of each month)\n"
-            "  hrwcron next '0 9 * * 1#2'  (the second Monday; 5L is the last Friday)\n"
-            "  hrwcron next 'H H * * *' --job reports.daily  (H is hashed from the job's name)\n"
-            "  hrwcron next '@at 2026-12-24T09:00:00' --tz Europe/Berlin  (once)\n"
-            "  hrwcron next '0 9 * * *' --exclude '* * 25 12 *' --exclude 2026-12-31 --explain\n"
-            "  hrwcron next '0 * * * *' --start 2026-03-01T00:00:00Z --end 2026-03-31T23:00:00Z\n"
-            "  hrwcron next reports.daily --count 3  (a job's schedule, read from the cluster)"
-        ),
-        formatter_class=_FORMATTER,
-    )
-    p.add_argument(
-        "expr",
-        metavar="EXPR|JOB",
-        help="cron expression, macro, '@every DURATION', '@at TIME', or the name of a job",
-    )
-    p.add_argument("--tz", metavar="ZONE", help="IANA time zone (default: UTC)")
-    p.add_argument(
-        "--job",
-        metavar="NAME",
-        help="the job name that H in EXPR is hashed from (a job from the cluster uses its own)",
-    )
-    p.add_argument(
-        "--after",
-        type=_instant,
-        metavar="ISO8601",
-        help="start strictly after this instant; needs 'Z' or an offset (default: now)",
-    )
-    p.add_argument(
-        "--count", type=_count, default=1, metavar="N", help="how many instants (default: 1)"
-    )
-    p.add_argument("--start", metavar="RFC3339", help="no tick before this instant (a job's start)")
-    p.add_argument("--end", metavar="RFC3339", help="no tick after this instant (a job's end)")
-    p.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="RULE",
-        help="leave out ticks on these local times: a cron expression or a date range such as "
-        "2026-12-24..2026-12-26 (repeatable)",
-    )
-    p.add_argument(
-        "--explain",
-        action="store_true",
-        help="also list the excluded ticks with the rule that excludes them",
-    )
-    add_connection_options(p)
-    p.set_defaults(handler=_cmd_next)
-
-
-# Where the window and exclusion problems of a plan come from on this command line.
-_NEXT_FLAGS = {"start": "--start", "end": "--end", "tz": "tz"}
-
-
-def _cmd_next(args: argparse.Namespace) -> int:
-    if job_name_problem(args.expr) is None:
-        # One token without '@' is never a schedule, so it names a job; the admin API has it.
-        if args.job is not None:
-            raise InvalidInput("JOB already names the job; --job goes with an expression", "--job")
-        for flag in ("start", "end"):
-            if getattr(args, flag) is not None:
-                raise InvalidInput(f"a job has its own {flag}; drop --{flag}", f"--{flag}")
-        if args.exclude:
-            raise InvalidInput("a job has its own exclusions; drop --exclude", "--exclude")
-        return next_for_job(args, lambda spec, left: _print_next(args, spec, left))
-    if args.job is not None:
-        bad_job = job_name_problem(args.job)
-        if bad_job:
-            raise InvalidInput(bad_job, "--job")
-    spec = JobSpec(
-        name=args.job or "",
-        schedule=args.expr,
-        tz=args.tz or "UTC",
-        start=args.start,
-        end=args.end,
-        exclude=list(args.exclude),
-    )
-    return _print_next(args, spec, None)
-
-
-def _plan(spec: JobSpec) -> TickPlan:
-    try:
-        return TickPlan.parse(
-            spec.schedule,
-            spec.tz,
-            job=spec.name or None,
-            start=spec.start,
-            end=spec.end,
-            exclude=spec.exclude,
-        )
-    except ScheduleError as exc:
-        if exc.field == "job":
-            raise InvalidInput(
-                f"{exc.problems[0].message}; name the job with --job NAME", "--job"
-            ) from None
-        problems = []
-        for p in exc.problems:
-            where = _NEXT_FLAGS.get(p.where, p.where)
-            if p.where.startswith("exclude["):
-                where = "--exclude"
-            problems.append(Problem(where, p.message))
-        raise InvalidInput(problems) from None
-
-
-def _print_next(args: argparse.Namespace, spec: JobSpec, runs_left: int | None) -> int:
-    plan = _plan(spec)
-    at: int = time.time_ns() // 1_000_000 if args.after is None else args.after
-    wanted = args.count if runs_left is None else min(args.count, runs_left)
-    horizon = at + SEARCH_HORIZON_MS
-    lines: list[str] = []
-    found = 0
-    for _ in range(SEARCH_BUDGET):
-        due = plan.next_after(at) if found < wanted else None
-        if due is None or due > horizon:
-            break
-        exclusion = plan.excluded_by(due)
-        if exclusion is None:
-            lines.append(format_instant(due) + ("  fires" if args.explain else ""))
-            found += 1
-            at = due
-            continue
-        # Step over the whole stretch the exclusion covers, in one line.
-        until = exclusion.covered_until(due)
-        if args.explain:
-            more = plan.next_after(due)
-            tail = (
-                f", and every tick before {format_instant(until)}" if more and more < until else ""
-            )
-            lines.append(f"{format_instant(due)}  excluded by {exclusion.text!r}{tail}")
-        at = max(due, until - 1)
-    _emit(lines)
-    if found < args.count:
-        why = _why_no_more(plan, found, runs_left, searched=due is not None)
-        print(f"hrwcron next: {why}", file=sys.stderr)
-    return EXIT_OK
-
-
-def _why_no_more(plan: TickPlan, found: int, runs_left: int | None, searched: bool) -> str:
-    shown = f"{found} instant{'' if found == 1 else 's'}"
-    if searched:
-        return f"{shown}: the exclusions leave no further tick within the next 100 years"
-    if runs_left is not None and found >= runs_left:
-        return f"{shown}: the job has {runs_left} run{'' if runs_left == 1 else 's'} left"
-    if plan.at_ms is not None:
-        return f"{shown}: a one-time schedule is due once, at {format_instant(plan.at_ms)}"
-    if plan.end_ms is not None:
-        return f"{shown}: no tick after the end, {format_instant(plan.end_ms)}"
-    return f"{shown}: the schedule has no further due time"
-
-
-# --- owner --------------------------------------------------------------------------------
-
-
-def _add_owner(sub: Subparsers) -> None:
-    p = sub.add_parser(
-        "owner",
-        help="rank nodes for a job: owner first, then failover order",
-        description=(
-            "Print the rendezvous-hash (HRW) order of NODES for JOB, one node per line: the "
-            "owner first, then the replicas that take over one failover step after another."
-        ),
-        epilog="example:\n  hrwcron owner reports.daily --nodes a,b,c --weights a=1,b=2",
-        formatter_class=_FORMATTER,
-    )
-    p.add_argument("job", metavar="JOB", help="job name")
-    p.add_argument("--nodes", required=True, metavar="A,B,C", help="comma-separated node ids")
-    p.add_argument(
-        "--weights",
-        metavar="A=W,...",
-        help="capacity weights (> 0) for weighted HRW; unlisted nodes weigh 1",
-    )
-    p.set_defaults(handler=_cmd_owner)
-
-
-def _cmd_owner(args: argparse.Namespace) -> int:
-    problems: list[Problem] = []
-    bad_job = job_name_problem(args.job)
-    if bad_job:
-        problems.append(Problem("JOB", bad_job))
-    nodes = _nodes(args.nodes, problems)
-    weights = _weights(args.weights, nodes, problems) if args.weights is not None else None
-    if problems:
-        raise InvalidInput(problems)
-    if weights is None:
-        order = rank(args.job, nodes)
-    else:
-        order = weighted_rank(args.job, {node: weights.get(node, 1.0) for node in nodes})
-    _emit(order)
-    return EXIT_OK
-
-
-def _nodes(text: str, problems: list[Problem]) -> list[str]:
-    nodes = [part.strip() for part in text.split(",")]
-    seen: set[str] = set()
-    for node in nodes:
-        bad = node_id_problem(node)
-        if bad:
-            problems.append(Problem("--nodes", bad))
-        elif node in seen:
-            problems.append(Problem("--nodes", f"{node!r} is listed twice"))
-        seen.add(node)
-    return nodes
-
-
-def _weights(text: str, nodes: list[str], problems: list[Problem]) -> dict[str, float]:
-    weights: dict[str, float] = {}
-    for item in text.split(","):
-        node, eq, raw = (part.strip() for part in item.partition("="))
-        try:
-            weight = float(raw) if eq else math.nan
-        except ValueError:
-            weight = math.nan
-        if node not in nodes:
-            problems.append(Problem("--weights", f"{node!r} is not one of --nodes"))
-        elif not (weight > 0 and math.isfinite(weight)):
-            problems.append(Problem("--weights", f"{item.strip()!r}: expected NODE=WEIGHT, >0"))
-        else:
-            weights[node] = weight
-    return weights
-
-
-# --- check-config -------------------------------------------------------------------------
-
-
-def _add_check_config(sub: Subparsers) -> None:
-    p = sub.add_parser(
-        "check-config",
-        help="validate a configuration file and its jobs",
-        description=(
-            "Validate a TOML configuration file, overlaid with HRWCRON_* environment variables "
-            "as the service would load it. Prints every problem as 'FILE: where: message' and "
-            "exits 2, or prints a one-line summary and exits 0."
-        ),
-        formatter_class=_FORMATTER,
-    )
-    p.add_argument("file", metavar="FILE", help="path of the TOML configuration file")
-    p.add_argument("--no-env", action="store_true", help="ignore HRWCRON_* environment variables")
-    p.set_defaults(handler=_cmd_check_config)
-
-
-def _cmd_check_config(args: argparse.Namespace) -> int:
-    config = load_config(args.file, {} if args.no_env else os.environ)
-    for warning in config_warnings(config):
-        print(f"{args.file}: warning: {warning}", file=sys.stderr)
-    jobs = len(config.jobs)
-    _emit(
-        [
-            f"{args.file}: OK: {jobs} job{'' if jobs == 1 else 's'}, "
-            f"node id {config.scheduler.node_id}"
-        ]
-    )
-    return EXIT_OK
-
-
-# ------------------------------------------------------------------------------------------
-
-COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
-    _add_next,
-    _add_owner,
-    _add_check_config,
-    add_run,
-    add_dev,
-    add_jobs,
-    add_trigger,
-    add_backfill,
-    add_status,
-    add_history,
-    add_apply,
-    add_provision,
+VERBS: tuple[Verb, ...] = (
+    NEXT,
+    OWNER,
+    CHECK_CONFIG,
+    RUN,
+    DEV,
+    JOBS,
+    TRIGGER,
+    BACKFILL,
+    STATUS,
+    HISTORY,
+    APPLY,
+    PROVISION,
 )
 
 
@@ -379,10 +63,35 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"hrwcron {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for register in COMMANDS:
-        register(sub)
+    _add_verbs(parser.add_subparsers(dest="command", metavar="COMMAND", required=True), VERBS)
     return parser
+
+
+def _add_verbs(sub: _Subparsers, verbs: Sequence[Verb]) -> None:
+    for verb in verbs:
+        parser = sub.add_parser(
+            verb.name,
+            help=verb.help,
+            description=verb.description,
+            epilog=verb.epilog,
+            formatter_class=_RAW if verb.raw else argparse.HelpFormatter,
+        )
+        add_args(parser, verb.args)
+        if verb.verbs:
+            _add_verbs(
+                parser.add_subparsers(dest="verb", metavar="VERB", required=True), verb.verbs
+            )
+        else:
+            parser.set_defaults(handler=_handler(verb), **verb.defaults)
+
+
+def _handler(verb: Verb) -> Handler:
+    if verb.run is not None:
+        return verb.run
+    request, show = verb.request, verb.show
+    if request is None or show is None:
+        raise TypeError(f"verb {verb.name!r} needs run, or request and show")
+    return lambda args: ask(args, request, show)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import sys
 from typing import TYPE_CHECKING
 
+from hrwcron.cli.options import CONFIG, timeout
+from hrwcron.cli.verb import Verb, arg
 from hrwcron.core.config import Config, load_config, redact_url
 from hrwcron.core.errors import HrwcronError, NatsSetupError
 from hrwcron.process.logs import setup_logging
@@ -21,50 +22,8 @@ from hrwcron.process.logs import setup_logging
 if TYPE_CHECKING:
     from nats.js.api import StreamConfig
 
-    from hrwcron.cli import Subparsers
-
 EXIT_FAILED = 1
 DEFAULT_TIMEOUT = 30.0
-
-
-def add_provision(sub: Subparsers) -> None:
-    p = sub.add_parser(
-        "provision",
-        help="create or verify hrwcron's buckets and trigger stream",
-        description=(
-            "Connect to NATS as configured, check the server version, and create the members, "
-            "claims, jobs and run-marker buckets, the worker SDK's processed bucket and the "
-            "trigger stream when they are missing. Existing ones are verified, never changed; "
-            "a setting that contradicts what hrwcron needs (including replicas or storage that "
-            "differ from scheduler.replicas and scheduler.storage) is reported with what to "
-            "change, and the command exits 1. Prints one line per resource saying whether it "
-            "was created or already existed."
-        ),
-        epilog=(
-            "example:\n"
-            "  HRWCRON_NATS_URL=nats://nats-1:4222 hrwcron provision --config hrwcron.toml"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--config", metavar="FILE", help="TOML configuration file")
-    p.add_argument(
-        "--timeout",
-        type=_timeout,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"give up after this long, e.g. with NATS unreachable (default: {DEFAULT_TIMEOUT:g})",
-    )
-    p.set_defaults(handler=_cmd_provision)
-
-
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return value
 
 
 def _cmd_provision(args: argparse.Namespace) -> int:
@@ -181,3 +140,33 @@ def _describe(config: StreamConfig) -> str:
     if config.max_age:
         parts.append(f"max age {_seconds(config.max_age)}")
     return ", ".join(parts)
+
+
+PROVISION = Verb(
+    "provision",
+    help="create or verify hrwcron's buckets and trigger stream",
+    description=(
+        "Connect to NATS as configured, check the server version, and create the members, "
+        "claims, jobs and run-marker buckets, the worker SDK's processed bucket and the "
+        "trigger stream when they are missing. Existing ones are verified, never changed; "
+        "a setting that contradicts what hrwcron needs (including replicas or storage that "
+        "differ from scheduler.replicas and scheduler.storage) is reported with what to "
+        "change, and the command exits 1. Prints one line per resource saying whether it "
+        "was created or already existed."
+    ),
+    epilog=(
+        "example:\n  HRWCRON_NATS_URL=nats://nats-1:4222 hrwcron provision --config hrwcron.toml"
+    ),
+    args=(
+        CONFIG,
+        arg(
+            "--timeout",
+            type=timeout,
+            default=DEFAULT_TIMEOUT,
+            metavar="SECONDS",
+            help="give up after this long, e.g. with NATS unreachable "
+            f"(default: {DEFAULT_TIMEOUT:g})",
+        ),
+    ),
+    run=_cmd_provision,
+)

@@ -5,27 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from typing import TYPE_CHECKING
 
+from hrwcron.cli.options import CONFIG
+from hrwcron.cli.verb import Verb, arg
 from hrwcron.core.config import load_config
 from hrwcron.process.logs import setup_logging
-
-if TYPE_CHECKING:
-    from hrwcron.cli import Subparsers
-
-
-def add_run(sub: Subparsers) -> None:
-    p = sub.add_parser(
-        "run",
-        help="run one scheduler replica",
-        description=(
-            "Run one scheduler replica until SIGTERM or SIGINT. Configuration comes from "
-            "--config (TOML) overlaid with HRWCRON_* environment variables, e.g. "
-            "HRWCRON_NATS_URL and HRWCRON_NODE_ID (default: the host name)."
-        ),
-    )
-    p.add_argument("--config", metavar="FILE", help="TOML configuration file")
-    p.set_defaults(handler=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -36,21 +20,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(serve(config, os.environ))
 
 
-def add_dev(sub: Subparsers) -> None:
-    p = sub.add_parser(
-        "dev",
-        help="local playground: embedded nats-server, 3 replicas, sample jobs, live triggers",
-        description=(
-            "Start an embedded nats-server with JetStream in a temporary directory, three "
-            "scheduler replicas as separate processes and sample jobs, and print every "
-            "trigger as it arrives plus membership changes. Ctrl-C stops everything."
-        ),
-    )
-    p.add_argument("--replicas", type=int, default=3, help="how many replicas (default: 3)")
-    p.set_defaults(handler=_cmd_dev)
-
-
 def _cmd_dev(args: argparse.Namespace) -> int:
     from hrwcron.process.dev import run_dev
 
     return run_dev(args.replicas)
+
+
+RUN = Verb(
+    "run",
+    help="run one scheduler replica",
+    description=(
+        "Run one scheduler replica until SIGTERM or SIGINT. Configuration comes from "
+        "--config (TOML) overlaid with HRWCRON_* environment variables, e.g. "
+        "HRWCRON_NATS_URL and HRWCRON_NODE_ID (default: the host name)."
+    ),
+    args=(CONFIG,),
+    run=_cmd_run,
+    raw=False,
+)
+
+DEV = Verb(
+    "dev",
+    help="local playground: embedded nats-server, 3 replicas, sample jobs, live triggers",
+    description=(
+        "Start an embedded nats-server with JetStream in a temporary directory, three "
+        "scheduler replicas as separate processes and sample jobs, and print every "
+        "trigger as it arrives plus membership changes. Ctrl-C stops everything."
+    ),
+    args=(arg("--replicas", type=int, default=3, help="how many replicas (default: 3)"),),
+    run=_cmd_dev,
+    raw=False,
+)
