@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from hrwcron.core.config import (
     redact_url,
 )
 from hrwcron.core.errors import ConfigError
+from hrwcron.process.host import node_id
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hrwcron.toml"
 
@@ -47,7 +49,9 @@ def test_defaults_without_file() -> None:
     assert cfg.nats.name == "hrwcron"
     assert cfg.nats.tls_handshake_first is False
     s = cfg.scheduler
-    assert s.node_id == default_node_id()
+    # Left empty by the configuration; the process fills in the host's name.
+    assert s.node_id == ""
+    assert node_id(cfg) == default_node_id(socket.gethostname())
     assert (s.weight, s.tags) == (1.0, [])
     assert (s.heartbeat_interval, s.member_ttl, s.failover_step) == (1.0, 3.0, 1.0)
     assert (s.claim_lease, s.max_clock_skew, s.membership_refresh) == (2.0, 1.0, 1.0)

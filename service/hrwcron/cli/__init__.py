@@ -40,6 +40,7 @@ from hrwcron.core.hrw import rank, weighted_rank
 from hrwcron.core.model import JobSpec, job_name_problem
 from hrwcron.core.plan import SEARCH_BUDGET, SEARCH_HORIZON_MS, TickPlan
 from hrwcron.core.ticks import parse_instant
+from hrwcron.process.host import node_id
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
@@ -343,12 +344,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     for warning in config_warnings(config):
         print(f"{args.file}: warning: {warning}", file=sys.stderr)
     jobs = len(config.jobs)
-    _emit(
-        [
-            f"{args.file}: OK: {jobs} job{'' if jobs == 1 else 's'}, "
-            f"node id {config.scheduler.node_id}"
-        ]
-    )
+    _emit([f"{args.file}: OK: {jobs} job{'' if jobs == 1 else 's'}, node id {node_id(config)}"])
     return EXIT_OK
 
 
