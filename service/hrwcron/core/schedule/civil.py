@@ -23,7 +23,8 @@ _MEMO_SIZE = 4096
 _DAYS_IN_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
-def _fail(where: str, message: str) -> ScheduleError:
+def schedule_error(where: str, message: str) -> ScheduleError:
+    """The error a schedule, an exclusion or a window raises: one problem at ``where``."""
     return ScheduleError(Problem(where, message))
 
 
@@ -59,11 +60,13 @@ def _days_in_month(y: int, m: int) -> int:
 
 def _zone(tz: str) -> ZoneInfo:
     if not isinstance(tz, str) or not tz:
-        raise _fail("tz", "empty time zone: give an IANA zone such as 'UTC' or 'Europe/Berlin'")
+        raise schedule_error(
+            "tz", "empty time zone: give an IANA zone such as 'UTC' or 'Europe/Berlin'"
+        )
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise _fail(
+        raise schedule_error(
             "tz", f"{tz!r} is not an IANA time zone (e.g. 'UTC', 'Europe/Berlin')"
         ) from None
 
@@ -171,7 +174,7 @@ def instant_of_wall(wall: int, tz: str, *, after: int | None = None) -> int:
 def _instant_ms(instant: datetime | int) -> int:
     if isinstance(instant, datetime):
         if instant.tzinfo is None or instant.utcoffset() is None:
-            raise _fail(
+            raise schedule_error(
                 "instant",
                 f"naive datetime: {instant.isoformat()} has no time zone; "
                 "give an aware datetime or epoch milliseconds",
@@ -182,5 +185,5 @@ def _instant_ms(instant: datetime | int) -> int:
     else:
         raise TypeError(f"instant must be an aware datetime or epoch ms, not {type(instant)!r}")
     if not _MIN_MS <= ms < _MAX_MS:
-        raise _fail("instant", f"{ms} ms is outside the supported years 1800-8999")
+        raise schedule_error("instant", f"{ms} ms is outside the supported years 1800-8999")
     return ms

@@ -11,7 +11,7 @@ from hrwcron.core.schedule.civil import (
     _civil_from_days,
     _days_from_civil,
     _days_in_month,
-    _fail,
+    schedule_error,
 )
 from hrwcron.core.schedule.fields import (
     _ALL_DAYS,
@@ -167,12 +167,12 @@ def _compile(fields: list[str], job: str | None) -> _Cron:
                 if dow_restricts
                 else ""
             )
-            raise _fail(
+            raise schedule_error(
                 "day-of-month",
                 f"no day of the month(s) {month!r} matches {dom_text!r}{both}, so it never fires",
             )
     elif not day_or and not any(d <= _DAYS_IN_MONTH[m] for m in months for d in dom):
-        raise _fail(
+        raise schedule_error(
             "day-of-month",
             f"no day in {dom_text!r} exists in the month(s) {month!r}, so it never fires",
         )

@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import xxhash
 
-from hrwcron.core.schedule.civil import _fail
+from hrwcron.core.schedule.civil import schedule_error
 
 MIN_EVERY_MS = 1_000
 # Longer intervals tick so rarely that their next tick can lie beyond the supported years.
@@ -25,10 +25,10 @@ def _duration_ms(text: str) -> Fraction:
     """Exact milliseconds in ``text``: one or more <number><unit> with units h, m, s, ms."""
     rule = "use numbers with units h, m, s or ms, e.g. 90s, 5m, 1h30m, 250ms"
     if not isinstance(text, str) or not text.strip():
-        raise _fail("duration", f"empty duration: {rule}")
+        raise schedule_error("duration", f"empty duration: {rule}")
     body = text.strip()
     if not _DURATION.fullmatch(body):
-        raise _fail("duration", f"{text!r} is not a duration: {rule}")
+        raise schedule_error("duration", f"{text!r} is not a duration: {rule}")
     return sum(
         (Fraction(n) * _UNIT_MS[u] for n, u in _DURATION_PART.findall(body)), start=Fraction(0)
     )
@@ -44,7 +44,9 @@ def jitter_ms(job: str, jitter_seconds: float) -> int:
 
     Every replica derives the same value from the name alone; 0 when there is no jitter."""
     if not math.isfinite(jitter_seconds) or jitter_seconds < 0:
-        raise _fail("jitter", f"must be a finite number of seconds >= 0, not {jitter_seconds!r}")
+        raise schedule_error(
+            "jitter", f"must be a finite number of seconds >= 0, not {jitter_seconds!r}"
+        )
     span = int(jitter_seconds * 1000)
     if span <= 0:
         return 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from hrwcron.core.schedule.civil import _fail
+from hrwcron.core.schedule.civil import schedule_error
 
 MACROS: dict[str, str] = {
     "@yearly": "0 0 1 1 *",
@@ -141,30 +141,34 @@ def _hint(token: str, spec: _FieldSpec) -> str:
 
 def _value(token: str, spec: _FieldSpec, *, upper: bool = False) -> int:
     if not token:
-        raise _fail(spec.name, "a value is missing (a range or step without its start or end)")
+        raise schedule_error(
+            spec.name, "a value is missing (a range or step without its start or end)"
+        )
     if _digits(token):
         if len(token) > _MAX_DIGITS:
-            raise _fail(spec.name, f"{token[:_MAX_DIGITS]}... is out of range {spec.lo}-{spec.hi}")
+            raise schedule_error(
+                spec.name, f"{token[:_MAX_DIGITS]}... is out of range {spec.lo}-{spec.hi}"
+            )
         v = int(token)
         if not spec.lo <= v <= spec.hi:
-            raise _fail(spec.name, f"{v} is out of range {spec.lo}-{spec.hi}")
+            raise schedule_error(spec.name, f"{v} is out of range {spec.lo}-{spec.hi}")
         return v
     if spec.names is not None and token.lower() in spec.names:
         v = spec.names[token.lower()]
         # SAT-SUN reads as Saturday to Sunday: Sunday closing a range is 7, not 0.
         return 7 if upper and spec is _DOW and v == 0 else v
     kind = "a number or a name" if spec.names else "a number"
-    raise _fail(spec.name, f"{token!r} is not {kind}{_hint(token, spec)}")
+    raise schedule_error(spec.name, f"{token!r} is not {kind}{_hint(token, spec)}")
 
 
 def _step(text: str, item: str, spec: _FieldSpec) -> int:
     if not _digits(text):
-        raise _fail(spec.name, f"step {text!r} in {item!r} is not a number")
+        raise schedule_error(spec.name, f"step {text!r} in {item!r} is not a number")
     if len(text) > _MAX_DIGITS:
-        raise _fail(spec.name, f"step {text[:_MAX_DIGITS]}... in {item!r} is too large")
+        raise schedule_error(spec.name, f"step {text[:_MAX_DIGITS]}... in {item!r} is too large")
     step = int(text)
     if step == 0:
-        raise _fail(spec.name, f"step 0 in {item!r} must be 1 or more")
+        raise schedule_error(spec.name, f"step 0 in {item!r} must be 1 or more")
     return step
 
 
@@ -183,9 +187,11 @@ def _hashed(item: str, spec: _FieldSpec, job: str | None) -> range:
     """
     form = _HASH_FORM.fullmatch(item.upper())
     if form is None:
-        raise _fail(spec.name, f"{item!r} is not a hashed value: use H, H(a-b), H/n or H(a-b)/n")
+        raise schedule_error(
+            spec.name, f"{item!r} is not a hashed value: use H, H(a-b), H/n or H(a-b)/n"
+        )
     if job is None:
-        raise _fail(
+        raise schedule_error(
             "job",
             f"'H' in {spec.name} stands for a value hashed from the job's name, "
             "and no job name was given",
@@ -196,7 +202,7 @@ def _hashed(item: str, spec: _FieldSpec, job: str | None) -> range:
     else:
         lo, hi = _value(first, spec), _value(last, spec, upper=True)
         if lo > hi:
-            raise _fail(spec.name, f"range in {item!r} runs backwards ({lo} > {hi})")
+            raise schedule_error(spec.name, f"range in {item!r} runs backwards ({lo} > {hi})")
     span = hi - lo + 1
     h = field_hash(job, spec.name)
     if step_text is None:
@@ -216,7 +222,7 @@ def _dom_rule(item: str) -> _Rule | None:
     elif up.startswith("L-"):
         n = up[2:]
         if not (_digits(n) and len(n) <= 2 and 1 <= int(n) <= 30):
-            raise _fail(
+            raise schedule_error(
                 _DOM.name,
                 f"{item!r}: L-n counts n days back from the last day, n from 1 to 30",
             )
@@ -226,7 +232,7 @@ def _dom_rule(item: str) -> _Rule | None:
     else:
         return None
     if slash:
-        raise _fail(_DOM.name, f"{item!r}: a step does not apply to {base!r}")
+        raise schedule_error(_DOM.name, f"{item!r}: a step does not apply to {base!r}")
     return rule
 
 
@@ -237,12 +243,12 @@ def _dow_rule(item: str) -> _Rule | None:
         day, _, nth = base.partition("#")
         weekday = _value(day, _DOW) % 7
         if not (_digits(nth) and len(nth) == 1 and 1 <= int(nth) <= 5):
-            raise _fail(
+            raise schedule_error(
                 _DOW.name, f"{item!r}: in n#k, k is from 1 to 5 (the k-th weekday n of the month)"
             )
         rule = (_NTH, weekday, int(nth))
     elif up == "L":
-        raise _fail(
+        raise schedule_error(
             _DOW.name,
             "'L' alone is not a day of the week: nL is the last weekday n of the month, "
             "e.g. 5L the last Friday",
@@ -250,11 +256,13 @@ def _dow_rule(item: str) -> _Rule | None:
     elif up.endswith("L"):
         rule = (_LAST_OF, _value(base[:-1], _DOW) % 7, 0)
     elif up.startswith("L") and _digits(up[1:]):
-        raise _fail(_DOW.name, f"{item!r}: write the last weekday n of the month as nL, e.g. 5L")
+        raise schedule_error(
+            _DOW.name, f"{item!r}: write the last weekday n of the month as nL, e.g. 5L"
+        )
     else:
         return None
     if slash:
-        raise _fail(_DOW.name, f"{item!r}: a step does not apply to {base!r}")
+        raise schedule_error(_DOW.name, f"{item!r}: a step does not apply to {base!r}")
     return rule
 
 
@@ -272,7 +280,7 @@ def _check_chars(text: str, spec: _FieldSpec) -> None:
         else:
             names = ", names" if spec.names else ""
             message = f"{ch!r} is not allowed: {_SYNTAX.format(names=names)}"
-        raise _fail(spec.name, message)
+        raise schedule_error(spec.name, message)
 
 
 def _parse_field(
@@ -283,12 +291,14 @@ def _parse_field(
         return _STAR[spec.name]  # most fields of most schedules
     _check_chars(text, spec)
     if "?" in text:
-        raise _fail(spec.name, f"'?' stands alone for the whole field (it means '*'): {text!r}")
+        raise schedule_error(
+            spec.name, f"'?' stands alone for the whole field (it means '*'): {text!r}"
+        )
     values: set[int] = set()
     rules: list[_Rule] = []
     for item in text.split(","):
         if not item:
-            raise _fail(spec.name, f"empty item in the list {text!r}")
+            raise schedule_error(spec.name, f"empty item in the list {text!r}")
         if item[0] in "Hh":
             values.update(_hashed(item, spec, job))
             continue
@@ -304,10 +314,10 @@ def _parse_field(
         elif "-" in base:
             first, _, last = base.partition("-")
             if "-" in last:
-                raise _fail(spec.name, f"{item!r} is not a range a-b")
+                raise schedule_error(spec.name, f"{item!r} is not a range a-b")
             lo, hi = _value(first, spec), _value(last, spec, upper=True)
             if lo > hi:
-                raise _fail(spec.name, f"range {base!r} runs backwards ({lo} > {hi})")
+                raise schedule_error(spec.name, f"range {base!r} runs backwards ({lo} > {hi})")
         else:
             lo = _value(base, spec)
             # 'a/n' means from a to the end of the field, as croniter and robfig/cron read it.

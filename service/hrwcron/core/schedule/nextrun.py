@@ -14,11 +14,11 @@ from hrwcron.core.schedule.civil import (
     _MAX_YEAR,
     _MEMO_SIZE,
     _MIN_MS,
-    _fail,
     _instant_ms,
     _zone_table,
     _ZoneTable,
     instant_of_wall,
+    schedule_error,
     wall_ms,
 )
 from hrwcron.core.schedule.cron import _compile, _Cron, _whole_span_s
@@ -98,11 +98,11 @@ class Schedule:
         """Parse ``expr`` for time zone ``tz``; ``job`` is the name ``H`` hashes (an expression
         with ``H`` and no job is refused, where = ``job``)."""
         if not isinstance(expr, str):
-            raise _fail("expression", f"must be a string, not {type(expr).__name__}")
+            raise schedule_error("expression", f"must be a string, not {type(expr).__name__}")
         if not isinstance(tz, str):
-            raise _fail("tz", f"must be a string, not {type(tz).__name__}")
+            raise schedule_error("tz", f"must be a string, not {type(tz).__name__}")
         if job is not None and not isinstance(job, str):
-            raise _fail("job", f"must be a string, not {type(job).__name__}")
+            raise schedule_error("job", f"must be a string, not {type(job).__name__}")
         # Only an expression with H depends on the job: the others stay shared between jobs.
         return _parse(expr, tz, job if job is not None and _uses_hash(expr) else None)
 
@@ -113,7 +113,9 @@ class Schedule:
         if found is None:
             nxt = self._next(t)
             if nxt is None:
-                raise _fail("expression", f"{self.expr!r} has no due time before {_MAX_YEAR}")
+                raise schedule_error(
+                    "expression", f"{self.expr!r} has no due time before {_MAX_YEAR}"
+                )
             found = nxt
             if len(self._memo) >= _MEMO_SIZE:
                 self._memo.clear()
@@ -185,30 +187,32 @@ def _uses_hash(expr: str) -> bool:
 @lru_cache(maxsize=4096)
 def _parse(expr: str, tz: str, job: str | None) -> Schedule:
     if len(expr) > MAX_EXPRESSION_LENGTH:
-        raise _fail(
+        raise schedule_error(
             "expression",
             f"is {len(expr)} characters long; a schedule is at most {MAX_EXPRESSION_LENGTH}",
         )
     zones = _zone_table(tz)
     text = expr.strip()
     if not text:
-        raise _fail("expression", "empty cron expression")
+        raise schedule_error("expression", "empty cron expression")
     parts = text.split()
     head = parts[0].lower()
     if head == "@every":
         if len(parts) != 2:
-            raise _fail("duration", "@every takes one duration, e.g. '@every 90s'")
+            raise schedule_error("duration", "@every takes one duration, e.g. '@every 90s'")
         ms = _duration_ms(parts[1])
         if ms.denominator != 1:
-            raise _fail("duration", f"{parts[1]!r} is not a whole number of milliseconds")
+            raise schedule_error("duration", f"{parts[1]!r} is not a whole number of milliseconds")
         if ms < MIN_EVERY_MS:
-            raise _fail("duration", f"{parts[1]!r} is shorter than the minimum of 1s")
+            raise schedule_error("duration", f"{parts[1]!r} is shorter than the minimum of 1s")
         if ms > MAX_EVERY_MS:
-            raise _fail("duration", f"{parts[1][:40]!r} is longer than the maximum of 366 days")
+            raise schedule_error(
+                "duration", f"{parts[1][:40]!r} is longer than the maximum of 366 days"
+            )
         return Schedule(expr, tz, False, _every_ms=int(ms))
     if head == "@at":
         if len(parts) != 2:
-            raise _fail(
+            raise schedule_error(
                 "@at",
                 "takes one date and time, e.g. '@at 2026-12-24T09:00:00' (local time in the "
                 "job's zone) or '@at 2026-12-24T08:00:00Z'",
@@ -217,9 +221,11 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
     if head.startswith("@"):
         if head not in MACROS:
             known = " ".join(MACROS)
-            raise _fail("expression", f"unknown macro {parts[0]!r}; known: {known} @every @at")
+            raise schedule_error(
+                "expression", f"unknown macro {parts[0]!r}; known: {known} @every @at"
+            )
         if len(parts) != 1:
-            raise _fail("expression", f"{parts[0]} takes no fields, got {text!r}")
+            raise schedule_error("expression", f"{parts[0]} takes no fields, got {text!r}")
         parts = MACROS[head].split()
     resolution = 60
     if len(parts) == 5:
@@ -227,7 +233,7 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
     elif len(parts) == 6:
         resolution = 1
     else:
-        raise _fail(
+        raise schedule_error(
             "expression",
             f"expected 5 fields (minute hour day-of-month month day-of-week) or 6 with the "
             f"second first, got {len(parts)} in {text!r}",
@@ -254,18 +260,18 @@ def _at_instant(text: str, tz: str) -> int:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise _fail("@at", f"{text!r} is not a date and time, {example}") from None
+        raise schedule_error("@at", f"{text!r} is not a date and time, {example}") from None
     if "T" not in text.upper():
-        raise _fail("@at", f"{text!r} has no time of day, {example}")
+        raise schedule_error("@at", f"{text!r} has no time of day, {example}")
     if when.microsecond % 1000:
-        raise _fail("@at", f"{text!r} is more precise than a millisecond")
+        raise schedule_error("@at", f"{text!r} is more precise than a millisecond")
     if when.tzinfo is not None:
         ms = (when - _EPOCH) // timedelta(milliseconds=1)
     else:
         local = (when - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
         if not _MIN_MS <= local < _MAX_MS:
-            raise _fail("@at", f"{text!r} is outside the supported years 1800-8999")
+            raise schedule_error("@at", f"{text!r} is outside the supported years 1800-8999")
         ms = instant_of_wall(local, tz)
     if not _MIN_MS <= ms < _MAX_MS:
-        raise _fail("@at", f"{text!r} is outside the supported years 1800-8999")
+        raise schedule_error("@at", f"{text!r} is outside the supported years 1800-8999")
     return ms
