@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hrwcron.cli import main
 from hrwcron.core.config import (
     Config,
     ConfigFileError,
@@ -78,6 +79,18 @@ def test_defaults_without_file() -> None:
     )
     assert cfg.jobs == []
     assert config_warnings(cfg) == []
+
+
+def test_check_config_names_the_host_when_the_file_names_no_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The configuration leaves the node id empty; the command must still show the one the
+    # replica would use, not an empty one.
+    path = tmp_path / "c.toml"
+    path.write_text("")
+    assert main(["check-config", "--no-env", str(path)]) == 0
+    expected = default_node_id(socket.gethostname())
+    assert capsys.readouterr().out.strip() == f"{path}: OK: 0 jobs, node id {expected}"
 
 
 def test_empty_file_is_the_defaults() -> None:
