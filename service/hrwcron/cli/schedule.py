@@ -22,6 +22,7 @@ from hrwcron.core.errors import InvalidInput, Problem, ScheduleError
 from hrwcron.core.hrw import rank, weighted_rank
 from hrwcron.core.model import JobSpec, job_name_problem
 from hrwcron.core.plan import SEARCH_BUDGET, SEARCH_HORIZON_MS, TickPlan
+from hrwcron.process.host import node_id
 
 if TYPE_CHECKING:
     from hrwcron.admin.client import AdminClient
@@ -203,9 +204,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file, {} if args.no_env else os.environ)
     for warning in config_warnings(config):
         print(f"{args.file}: warning: {warning}", file=sys.stderr)
-    emit(
-        [f"{args.file}: OK: {plural(len(config.jobs), 'job')}, node id {config.scheduler.node_id}"]
-    )
+    emit([f"{args.file}: OK: {plural(len(config.jobs), 'job')}, node id {node_id(config)}"])
     return EXIT_OK
 
 

@@ -9,7 +9,8 @@ sequence: an excluded tick still comes due, so that its owner can count it (outc
 next``, backfill, the status page) uses :meth:`TickPlan.iter_firing`, which steps over
 excluded stretches instead of walking every second of an excluded day.
 
-Exclusions are read in the job's zone, on local wall time:
+Exclusions (parsed by :mod:`hrwcron.core.exclusions`) are read in the job's zone, on local
+wall time:
 
 - a cron expression: a tick whose wall time falls on a time it matches, to its resolution
   (the minute for 5 fields, so ``* * 25 12 *`` excludes every tick on December 25; the second
@@ -27,14 +28,15 @@ Pure: no I/O, no clock. Every function that needs "now" takes it as an argument.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
 from hrwcron.core.errors import Problem, ScheduleError
-from hrwcron.core.schedule import Schedule, instant_of_wall, wall_ms
+from hrwcron.core.exclusions import DAY_MS, Exclusion, parse_exclusion
+from hrwcron.core.schedule import Schedule
+from hrwcron.core.schedule.civil import schedule_error
 from hrwcron.core.ticks import format_ms
 
 __all__ = [
@@ -49,21 +51,12 @@ __all__ = [
     "parse_rfc3339",
 ]
 
-_DAY_MS = 86_400_000
-_EPOCH_DATE = date(1970, 1, 1)
-_EPOCH_NAIVE = datetime(1970, 1, 1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # How far ahead a search for the next firing tick looks before it says there is none, and how
 # many candidates or skipped stretches it may examine on the way. A day-wide exclusion is
 # stepped over at once, so 100 years of `* * * * *` exclusions cost 36,525 steps.
-SEARCH_HORIZON_MS = 100 * 366 * _DAY_MS
+SEARCH_HORIZON_MS = 100 * 366 * DAY_MS
 SEARCH_BUDGET = 200_000
-_RANGE = re.compile(r"([^.]+)(?:\.\.([^.]+))?")
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-
-def _fail(where: str, message: str) -> ScheduleError:
-    return ScheduleError(Problem(where, message))
 
 
 def parse_rfc3339(text: object, where: str) -> int:
@@ -71,128 +64,22 @@ def parse_rfc3339(text: object, where: str) -> int:
     ScheduleError located at ``where`` otherwise."""
     example = "e.g. 2026-03-01T00:00:00Z or 2026-03-01T00:00:00+01:00"
     if not isinstance(text, str):
-        raise _fail(where, f"must be a string, not {type(text).__name__}")
+        raise schedule_error(where, f"must be a string, not {type(text).__name__}")
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise _fail(where, f"{text[:80]!r} is not an RFC 3339 instant, {example}") from None
+        raise schedule_error(
+            where, f"{text[:80]!r} is not an RFC 3339 instant, {example}"
+        ) from None
     if "T" not in text.upper():
-        raise _fail(where, f"{text[:80]!r} has no time of day, {example}")
+        raise schedule_error(where, f"{text[:80]!r} has no time of day, {example}")
     if when.tzinfo is None:
-        raise _fail(
+        raise schedule_error(
             where, f"{text[:80]!r} has no UTC offset; add 'Z' or an offset such as '+01:00'"
         )
     if not 1800 <= when.year < 9000:
-        raise _fail(where, f"{text[:80]!r} is outside the supported years 1800-8999")
+        raise schedule_error(where, f"{text[:80]!r} is outside the supported years 1800-8999")
     return (when - _EPOCH) // timedelta(milliseconds=1)
-
-
-# --- exclusions -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Exclusion:
-    """One entry of a job's ``exclude`` list, compiled for the job's zone.
-
-    Exactly one of ``cron`` (a cron expression), ``days`` (first and last local day, days
-    since 1970-01-01) or ``wall`` (local wall-time milliseconds, from included, to excluded)
-    is set."""
-
-    text: str
-    tz: str
-    cron: Schedule | None = None
-    days: tuple[int, int] | None = None
-    wall: tuple[int, int] | None = None
-
-    def covers(self, instant: int) -> bool:
-        if self.cron is not None:
-            return self.cron.covers(instant)
-        local = wall_ms(instant, self.tz)
-        if self.days is not None:
-            return self.days[0] <= local // _DAY_MS <= self.days[1]
-        assert self.wall is not None
-        return self.wall[0] <= local < self.wall[1]
-
-    def covered_until(self, instant: int) -> int:
-        """For a covered instant: the first instant after the stretch it covers around it."""
-        if self.cron is not None:
-            return self.cron.covered_until(instant)
-        if self.days is not None:
-            end = (self.days[1] + 1) * _DAY_MS
-        else:
-            assert self.wall is not None
-            end = self.wall[1]
-        return instant_of_wall(end, self.tz, after=instant)
-
-
-def _local_day(text: str) -> int:
-    return (date.fromisoformat(text) - _EPOCH_DATE).days
-
-
-def _local_wall(text: str, where: str) -> int:
-    when = datetime.fromisoformat(text)
-    if when.tzinfo is not None:
-        raise _fail(
-            where,
-            f"{text!r}: a range is local time in the job's zone (tz); drop the offset",
-        )
-    if when.microsecond % 1000:
-        raise _fail(where, f"{text!r} is more precise than a millisecond")
-    return (when - _EPOCH_NAIVE) // timedelta(milliseconds=1)
-
-
-def parse_exclusion(
-    text: object, tz: str, *, job: str | None = None, where: str = "exclude"
-) -> Exclusion:
-    """One exclusion: a cron expression (5 or 6 fields or a macro) or a local date range."""
-    if not isinstance(text, str):
-        raise _fail(where, f"must be a string, not {type(text).__name__}")
-    body = text.strip()
-    rule = (
-        "give a cron expression ('* * 25 12 *'), a day (2026-12-25), a range of days "
-        "(2026-12-24..2026-12-26) or of local times (2026-12-24T18:00..2026-12-27T06:00)"
-    )
-    if not body:
-        raise _fail(where, f"is empty: {rule}")
-    if any(ch.isspace() for ch in body) or body.startswith("@"):
-        head = body.split()[0].lower()
-        if head in ("@every", "@at"):
-            raise _fail(where, f"{head} names no days or times to leave out: {rule}")
-        try:
-            schedule = Schedule.parse(body, tz, job=job)
-        except ScheduleError as exc:
-            raise ScheduleError(
-                [Problem(where, f"{body[:80]!r}: {p}") for p in exc.problems]
-            ) from None
-        return Exclusion(text, tz, cron=schedule)
-    found = _RANGE.fullmatch(body)
-    if found is None:
-        raise _fail(where, f"{body[:80]!r} is not understood: {rule}")
-    first, last = found.group(1), found.group(2)
-    ends = [first] if last is None else [first, last]
-    dated = [bool(_DATE.fullmatch(end)) for end in ends]
-    try:
-        if all(dated):
-            lo = _local_day(first)
-            hi = _local_day(last) if last is not None else lo
-            if hi < lo:
-                raise _fail(where, f"{body!r} runs backwards ({last} is before {first})")
-            return Exclusion(text, tz, days=(lo, hi))
-        if last is None:
-            datetime.fromisoformat(first)  # a word is "not understood", a time "single"
-            raise _fail(
-                where,
-                f"{body!r} is a single time: give a range of local times a..b, or a cron "
-                "expression",
-            )
-        if any(dated):
-            raise _fail(where, f"{body!r}: give both ends as dates or both as date and time")
-        lo, hi = _local_wall(first, where), _local_wall(last, where)
-    except ValueError:
-        raise _fail(where, f"{body[:80]!r} is not understood: {rule}") from None
-    if hi <= lo:
-        raise _fail(where, f"{body!r} runs backwards or is empty ({last} is not after {first})")
-    return Exclusion(text, tz, wall=(lo, hi))
 
 
 # --- the plan ---------------------------------------------------------------------------

@@ -32,7 +32,6 @@ from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.service import AdminService
 from hrwcron.admin.status import ReplicaStatus
 from hrwcron.core.config import Config
-from hrwcron.core.config import default_node_id as host_node_id
 from hrwcron.core.errors import HrwcronError, NatsSetupError
 from hrwcron.core.model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE
 from hrwcron.engine.clock import Clock
@@ -40,12 +39,9 @@ from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.jobsync import apply_at_start
 from hrwcron.engine.ports import NullObserver, Observer, StoreUnavailable
 from hrwcron.engine.scheduler import Scheduler, Settings
+from hrwcron.process.host import node_id as node_id
 
 log = logging.getLogger("hrwcron.app")
-
-
-def node_id(config: Config) -> str:
-    return config.scheduler.node_id or host_node_id()
 
 
 def layout(config: Config) -> Layout:
