@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
+from nats.micro.service import Service
 
 from hrwcron.admin.api import (
     ADMIN_PREFIX,
@@ -48,6 +49,7 @@ class ServiceContext:
         # Every stored job name, sorted, as of a jobs revision: pages of a listing find their
         # place in it by bisection instead of sorting 100,000 names for each page.
         self._names: tuple[int, list[str]] = (-1, [])
+        self._service: Service | None = None  # the micro service, once started
 
     async def _stored(self, name: str) -> JobEvent:
         event = await self._jobs.get(name)

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError, ServiceUnavailableError
@@ -23,7 +22,6 @@ from nats.micro.service import Service
 
 from hrwcron import __version__
 from hrwcron.admin.api import (
-    ADMIN_PREFIX,
     ERROR_CODES,
     QUEUE_GROUP,
     REQUEST_TYPES,
@@ -49,11 +47,8 @@ from hrwcron.core.errors import (
     SubjectTakenError,
 )
 from hrwcron.engine.ports import (
-    JobsPort,
     StoreUnavailable,
-    TriggersPort,
 )
-from hrwcron.engine.scheduler import Scheduler
 
 log = logging.getLogger("hrwcron.admin")
 
@@ -64,26 +59,10 @@ class AdminService(JobVerbs, RunVerbs):
     """The admin API as a NATS micro service: one endpoint a verb, each request decoded, handed
     to its verb's handler and answered (or refused with a reply that fits one message)."""
 
-    def __init__(
-        self,
-        client: Client,
-        scheduler: Scheduler,
-        jobs: JobsPort,
-        triggers: TriggersPort,
-        *,
-        duplicate_window: float,
-        prefix: str = ADMIN_PREFIX,
-    ) -> None:
-        super().__init__(
-            client,
-            scheduler,
-            jobs,
-            triggers,
-            duplicate_window=duplicate_window,
-            prefix=prefix,
-        )
-        self._service: Service | None = None
-        self._handlers: dict[str, Handler] = {
+    @property
+    def _handlers(self) -> dict[str, Handler]:
+        """Each verb's handler; the table is read once, when the endpoints are added."""
+        return {
             "jobs.list": self.list_jobs,
             "jobs.get": self.get_job,
             "jobs.put": self.put_job,
