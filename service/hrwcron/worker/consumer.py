@@ -1,6 +1,7 @@
 """The :class:`Worker`: pulls triggers from its durable consumer and carries each delivery from
-claim to ack; longer than 400 lines because one delivery's path (claim, run, heartbeat, settle)
-reads best top to bottom in one class."""
+claim to ack (the consumer checks are in :mod:`.setup`, the per-run NATS calls in :mod:`.calls`);
+longer than 400 lines because one delivery's path (claim, run, succeed or fail, give back) reads
+best top to bottom in one class."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
@@ -20,20 +19,15 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    ConsumerInfo,
-    DeliverPolicy,
     StorageType,
-    StreamInfo,
 )
-from nats.js.errors import NotFoundError
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from hrwcron.core.model import TriggerMessage
 from hrwcron.engine.ports import HEADER_MSG_ID
-from hrwcron.worker.errors import WorkerFailpoints, WorkerSettingsError, WorkerSetupError
+from hrwcron.worker.calls import Run, RunCalls, describe, wait
+from hrwcron.worker.errors import WorkerFailpoints, WorkerSettingsError
 from hrwcron.worker.records import (
     DEFAULT_PROCESSED_BUCKET,
     DEFAULT_PROCESSED_TTL,
@@ -45,6 +39,7 @@ from hrwcron.worker.records import (
     RunMarker,
     now_ms,
 )
+from hrwcron.worker.setup import ConsumerSetup
 from hrwcron.worker.stats import WorkerMetrics, WorkerStats
 from hrwcron.worker.trigger import Handler, Trigger
 
@@ -53,35 +48,9 @@ log = logging.getLogger("hrwcron.worker")
 DEFAULT_STREAM = "HRWCRON_TRIGGERS"
 DEFAULT_SUBJECTS = ("hrwcron.trigger.>",)
 FETCH_WAIT = 1.0  # how long one pull request stays open on the server
-_QUIET = 10.0  # seconds between two log lines about the same failure of one run
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-@dataclass
-class _Run:
-    """One delivery of a trigger, from its claim to its ack."""
-
-    msg: Msg
-    message: TriggerMessage
-    tick: str
-    headers: dict[str, str]
-    delivered: int
-    owner: str  # ``<worker>/<run id>`` in the processed record and the run marker
-    revision: int = 0  # of the processed record this run holds; 0: none
-    takeover: bool = False
-    lost: bool = False  # another run took the processed record over
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    quiet_until: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def job(self) -> str:
-        return self.message.job
-
-
-class Worker:
+class Worker(ConsumerSetup, RunCalls):
     """Runs ``handler`` for triggers on ``subjects`` from the durable pull consumer
     ``durable`` (created if missing; an existing one is checked, and its ``ack_wait`` and
     ``max_deliver`` are the ones used)."""
@@ -215,86 +184,6 @@ class Worker:
         )
         self._loop = asyncio.create_task(self._fetch_loop(), name=f"worker-{self.durable}")
 
-    async def _stream_info(self) -> StreamInfo:
-        try:
-            return await self._js.stream_info(self.stream)
-        except NotFoundError:
-            raise WorkerSetupError(
-                f"stream {self.stream} does not exist: start an hrwcron replica or run "
-                "`hrwcron provision` first"
-            ) from None
-
-    async def _ensure_consumer(self) -> ConsumerInfo:
-        try:
-            existing: ConsumerInfo = await self._js.consumer_info(self.stream, self.durable)
-        except NotFoundError:
-            pass
-        else:
-            return existing
-        config = ConsumerConfig(
-            durable_name=self.durable,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.ack_wait,
-            max_deliver=self.max_deliver,
-            max_ack_pending=max(1000, 4 * self.concurrency),
-            deliver_policy=DeliverPolicy.NEW if self.deliver_new else DeliverPolicy.ALL,
-            description="hrwcron worker",
-        )
-        if len(self.subjects) == 1:
-            config.filter_subject = self.subjects[0]
-        else:
-            config.filter_subjects = self.subjects
-        created: ConsumerInfo = await self._js.add_consumer(self.stream, config=config)
-        return created
-
-    def _adopt(self, info: ConsumerInfo) -> None:
-        """Refuse a consumer this worker cannot serve safely; take its ``ack_wait`` and
-        ``max_deliver``, since those are what the server applies."""
-        config = info.config
-        problems: list[str] = []
-        if config.deliver_subject:
-            problems.append("is a push consumer; the worker pulls, so give it another durable")
-        if config.ack_policy not in (None, AckPolicy.EXPLICIT):
-            problems.append(f"acks {config.ack_policy}; the worker needs explicit acks")
-        ack_wait = config.ack_wait or 30.0  # the server's default
-        if self.heartbeat > ack_wait / 2:
-            problems.append(
-                f"has ack_wait {ack_wait:g} s, too short for heartbeat {self.heartbeat:g} s: a "
-                "running trigger would be redelivered and run again. Pass heartbeat <= "
-                f"{ack_wait / 2:g}, or delete the consumer so the worker recreates it"
-            )
-        short = [b for b in config.backoff or [] if b < 2 * self.heartbeat]
-        if short:
-            problems.append(
-                f"has redelivery backoff {config.backoff} with steps shorter than twice the "
-                f"heartbeat ({self.heartbeat:g} s): a running trigger would be redelivered"
-            )
-        if problems:
-            where = f"consumer {self.durable} on stream {self.stream}"
-            raise WorkerSetupError(f"{where} {'; '.join(problems)}")
-        wanted = set(self.subjects)
-        filtered = set(config.filter_subjects or []) | (
-            {config.filter_subject} if config.filter_subject else set()
-        )
-        if filtered and filtered != wanted:
-            log.warning(
-                "consumer %s filters %s, not the subjects this worker was given (%s); it "
-                "delivers what it filters",
-                self.durable,
-                sorted(filtered),
-                sorted(wanted),
-            )
-        max_deliver = config.max_deliver if config.max_deliver and config.max_deliver > 0 else -1
-        if (ack_wait, max_deliver) != (self.ack_wait, self.max_deliver):
-            log.info(
-                "consumer %s exists with ack_wait %g s and max_deliver %d; using those",
-                self.durable,
-                ack_wait,
-                max_deliver,
-            )
-        self.ack_wait = ack_wait
-        self.max_deliver = max_deliver
-
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop pulling, let running handlers finish (bounded by ``timeout``), then cancel
         the rest (each released and handed back) and unsubscribe. A trigger that arrives on
@@ -337,7 +226,7 @@ class Worker:
             except (TimeoutError, NatsTimeoutError):
                 continue
             except Exception as exc:
-                log.warning("fetch from %s failed: %s", self.durable, _describe(exc))
+                log.warning("fetch from %s failed: %s", self.durable, describe(exc))
                 await self._pause(1.0)
                 continue
             for msg in messages:
@@ -354,7 +243,7 @@ class Worker:
 
     async def _pause(self, seconds: float) -> bool:
         """Wait ``seconds``; True, early, when the worker starts stopping."""
-        return await _wait(self._stopping, seconds)
+        return await wait(self._stopping, seconds)
 
     # ------------------------------------------------------------------------ one trigger
 
@@ -382,7 +271,7 @@ class Worker:
                 await msg.term()
             return
         tick = headers.get(HEADER_MSG_ID) or message.tick
-        run = _Run(msg, message, tick, headers, delivered, f"{self.name}/{uuid.uuid4().hex[:8]}")
+        run = Run(msg, message, tick, headers, delivered, f"{self.name}/{uuid.uuid4().hex[:8]}")
         parent = propagate.extract(headers)
         remote = trace.get_current_span(parent).get_span_context()
         links = [Link(remote)] if remote.is_valid else []
@@ -409,7 +298,7 @@ class Worker:
             span.set_attribute("hrwcron.takeover", run.takeover)
             await self._run(run, span)
 
-    async def _claim(self, run: _Run, processed: Processed, span: trace.Span) -> bool:
+    async def _claim(self, run: Run, processed: Processed, span: trace.Span) -> bool:
         """True when this delivery is to run the handler. While another run holds the tick,
         or while the record cannot be read or written, the delivery is held (in-progress
         acks, which do not count against max_deliver) and the claim retried each heartbeat."""
@@ -447,7 +336,7 @@ class Worker:
             await self._keep(run)
             await self._pause(self.heartbeat)
 
-    async def _take_over(self, run: _Run, revision: int) -> bool:
+    async def _take_over(self, run: Run, revision: int) -> bool:
         assert self.processed is not None
         try:
             taken = await self.processed.take_over(run.tick, run.owner, revision)
@@ -467,7 +356,7 @@ class Worker:
         )
         return True
 
-    async def _run(self, run: _Run, span: trace.Span) -> None:
+    async def _run(self, run: Run, span: trace.Span) -> None:
         trigger = Trigger(
             run.message,
             run.tick,
@@ -503,7 +392,7 @@ class Worker:
         finally:
             run.stop.set()  # whatever happened above, no heartbeat outlives the run
 
-    async def _succeeded(self, run: _Run) -> None:
+    async def _succeeded(self, run: Run) -> None:
         # The window in which a kill -9 makes the tick run again ends when the done record
         # lands: it is written first, before the ack and the marker.
         recorded = await self._record_done(run)
@@ -527,7 +416,7 @@ class Worker:
         self.stats.handled += 1
 
     async def _failed(
-        self, run: _Run, beat: asyncio.Task[None], span: trace.Span, exc: BaseException
+        self, run: Run, beat: asyncio.Task[None], span: trace.Span, exc: BaseException
     ) -> None:
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, str(exc)))
@@ -542,7 +431,7 @@ class Worker:
                 run.tick,
                 run.delivered,
                 self.max_deliver,
-                _describe(exc),
+                describe(exc),
             )
             try:
                 await run.msg.term()
@@ -554,22 +443,22 @@ class Worker:
             "%s failed on delivery %d (%s); retry in %g s",
             run.tick,
             run.delivered,
-            _describe(exc),
+            describe(exc),
             delay,
         )
         await self._nak(run, delay)
 
-    async def _interrupted(self, run: _Run, beat: asyncio.Task[None]) -> None:
+    async def _interrupted(self, run: Run, beat: asyncio.Task[None]) -> None:
         self.stats.interrupted += 1
         await self._stop_beat(run, beat)
         await self._release(run)
         await self._clear(run)
         await self._give_back(run, "its handler was cancelled by stop()")
 
-    def _last_delivery(self, run: _Run) -> bool:
+    def _last_delivery(self, run: Run) -> bool:
         return 0 < self.max_deliver <= run.delivered
 
-    async def _give_back(self, run: _Run, why: str) -> None:
+    async def _give_back(self, run: Run, why: str) -> None:
         """Nak the delivery for another worker; on the last delivery that drops the trigger
         for good, so it is logged and counted as given up."""
         if self._last_delivery(run):
@@ -584,171 +473,3 @@ class Worker:
         else:
             log.warning("%s: %s; handed back for redelivery", run.tick, why)
         await self._nak(run, 0.0)
-
-    # ------------------------------------------------------------------------ NATS calls
-
-    def _error(self, run: _Run, what: str, exc: BaseException, then: str = "") -> None:
-        """Count a failed NATS call and log it with the tick key (the same failure of the
-        same run at most every few seconds, so an outage does not flood the log)."""
-        self.stats.errors += 1
-        now = time.monotonic()
-        if run.quiet_until.get(what, 0.0) > now:
-            return
-        run.quiet_until[what] = now + _QUIET
-        log.warning("%s: %s: %s%s", run.tick, what, _describe(exc), f"; {then}" if then else "")
-
-    async def _keep(self, run: _Run) -> None:
-        try:
-            await run.msg.in_progress()
-        except Exception as exc:
-            self._error(run, "in-progress ack failed", exc)
-
-    async def _ack(self, run: _Run) -> bool:
-        try:
-            if self._faults:
-                await self._faults.hit("worker_ack", run.job)
-            await run.msg.ack_sync()
-        except Exception as exc:
-            self._error(
-                run,
-                "ack failed",
-                exc,
-                "a redelivery finds the done record and is acked without running",
-            )
-            return False
-        return True
-
-    async def _nak(self, run: _Run, delay: float) -> None:
-        try:
-            await run.msg.nak(delay=delay or None)
-        except Exception as exc:
-            self._error(run, "nak failed", exc, "redelivered once ack_wait lapses")
-
-    async def _record_done(self, run: _Run) -> bool:
-        if self.processed is None or not run.revision or run.lost:
-            return True  # nothing of this run's to record
-        try:
-            if self._faults:
-                await self._faults.hit("worker_finish", run.job)
-            finished = await self.processed.finish(run.tick, run.owner, run.revision)
-        except Exception as exc:
-            self._error(
-                run,
-                "cannot write its done record",
-                exc,
-                "acking anyway, so JetStream does not deliver it again",
-            )
-            return False
-        if not finished:
-            self._lost(run)
-        return True
-
-    async def _release(self, run: _Run) -> None:
-        if self.processed is None or not run.revision or run.lost:
-            return
-        try:
-            released = await self.processed.release(run.tick, run.owner, run.revision)
-        except Exception as exc:
-            self._error(
-                run,
-                "cannot release its processed record",
-                exc,
-                "the retry waits out the lease and takes it over",
-            )
-            return
-        if not released:
-            self._lost(run)
-
-    def _lost(self, run: _Run) -> None:
-        if run.lost:
-            return
-        run.lost = True
-        self.stats.lease_lost += 1
-        log.warning(
-            "%s: another worker took this run's record over (this worker renewed nothing for "
-            "longer than the lease: paused, cut off from NATS or its event loop blocked); the "
-            "handler runs there too",
-            run.tick,
-        )
-
-    async def _mark(self, run: _Run, started: int) -> None:
-        if self.markers is None:
-            return
-        try:
-            await self.markers.mark(run.job, run.owner, run.tick, started)
-        except Exception as exc:
-            self._error(
-                run,
-                "cannot write its run marker",
-                exc,
-                'running anyway; an overlap = "skip" job is not skipped meanwhile',
-            )
-
-    async def _clear(self, run: _Run) -> None:
-        if self.markers is None:
-            return
-        try:
-            await self.markers.clear(run.job, run.owner)
-        except Exception as exc:
-            self._error(
-                run, "cannot clear its run marker", exc, f"it expires within {RUN_MARKER_TTL:g} s"
-            )
-
-    # ------------------------------------------------------------------------ heartbeat
-
-    async def _stop_beat(self, run: _Run, beat: asyncio.Task[None]) -> None:
-        """Let the heartbeat finish the write it is in, then end it. Cancelling it there
-        would lose the revision that write produced (and a later write would then fail)."""
-        run.stop.set()
-        await asyncio.shield(beat)
-
-    async def _beat(self, run: _Run, started: int, due: float) -> None:
-        """While the handler runs: keep the delivery, the processed record and the run
-        marker alive, and notice when the event loop was blocked."""
-        loop = asyncio.get_running_loop()
-        while True:
-            stopped = await _wait(run.stop, due - loop.time())
-            late = loop.time() - due
-            if late > self.heartbeat:
-                # Also seen at the end of a handler that never yielded: no beat ran at all.
-                self.stats.loop_stalls += 1
-                log.warning(
-                    "%s: a heartbeat came %.1f s late: the event loop was blocked (a handler "
-                    "or callback that does not await); past ack_wait (%g s) the trigger is "
-                    "redelivered and, past the lease, run a second time",
-                    run.tick,
-                    late,
-                    self.ack_wait,
-                )
-            if stopped:
-                return
-            await self._beat_once(run, started)
-            due = loop.time() + self.heartbeat  # after the writes: a slow reply is no stall
-
-    async def _beat_once(self, run: _Run, started: int) -> None:
-        await self._keep(run)
-        if self.processed is not None and run.revision and not run.lost:
-            try:
-                renewed = await self.processed.extend(run.tick, run.owner, run.revision)
-            except Exception as exc:
-                self._error(run, "cannot renew its processed record", exc)
-            else:
-                if self._faults:
-                    await self._faults.hit("worker_beat_written", run.job)
-                if renewed is None:
-                    self._lost(run)
-                else:
-                    run.revision = renewed
-        if self.markers is not None:
-            await self._mark(run, started)
-            if self._faults:
-                await self._faults.hit("worker_marker_written", run.job)
-
-
-async def _wait(event: asyncio.Event, seconds: float) -> bool:
-    """Wait up to ``seconds`` for ``event``; True if it is set."""
-    if event.is_set():
-        return True
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), max(0.0, seconds))
-    return event.is_set()
