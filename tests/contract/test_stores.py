@@ -20,14 +20,12 @@ import nats
 import pytest
 
 from harness import NatsServer, wait_for_async
+from hrwcron.adapters.jetstream.claims import JetStreamClaims
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
 from hrwcron.adapters.jetstream.counts import JetStreamCounts
-from hrwcron.adapters.jetstream.kv import (
-    JetStreamClaims,
-    JetStreamJobs,
-    JetStreamMembers,
-    conditional_writes,
-)
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs
+from hrwcron.adapters.jetstream.kv import conditional_writes
+from hrwcron.adapters.jetstream.members import JetStreamMembers
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
 from hrwcron.adapters.jetstream.provision import Layout, provision
 from hrwcron.adapters.jetstream.triggers import JetStreamTriggers

@@ -15,7 +15,7 @@ import nats
 from nats.aio.client import Client
 
 from harness import wait_for_async
-from hrwcron.adapters.jetstream.kv import JetStreamJobs
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
 from hrwcron.adapters.jetstream.triggers import JetStreamTriggers
 from hrwcron.admin import AdminClient

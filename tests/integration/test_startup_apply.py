@@ -16,7 +16,7 @@ import nats
 import pytest
 
 from harness import NatsServer, wait_for_async
-from hrwcron.adapters.jetstream.kv import JetStreamJobs
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.core.config import Config
 from hrwcron.core.model import JobSpec, encode

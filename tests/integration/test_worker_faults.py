@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from harness import NatsServer, TcpProxy, wait_for_async
 from harness.workers import read_runs, worker_process
 from hrwcron import worker as sdk
-from hrwcron.adapters.jetstream.kv import JetStreamRuns
+from hrwcron.adapters.jetstream.claims import JetStreamRuns
 from hrwcron.core.errors import HrwcronError
 from hrwcron.engine.failpoints import ENV as FAILPOINTS
 from hrwcron.process.app import open_stores

@@ -4,7 +4,8 @@ Metrics live in a registry this object owns, never the process-global one, so tw
 one process (tests, embedding) do not collide. Tracing is off unless asked for; then each tick
 decision is a ``hrwcron.tick`` span with children for the claim and the publish, and the
 publish span's W3C ``traceparent`` rides in the trigger headers so a worker's span joins the
-same trace through the standard propagator.
+same trace through the standard propagator. The metric names and collectors are in
+:mod:`hrwcron.adapters.metrics`, the span and the tracer set-up in :mod:`hrwcron.adapters.tracing`.
 """
 
 from __future__ import annotations
@@ -14,17 +15,13 @@ import logging
 import math
 import platform
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import SpanKind
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -35,66 +32,32 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from hrwcron import __version__
+from hrwcron.adapters.metrics import (
+    ATTEMPT_BUCKETS,
+    CONTENTION,
+    LATENESS_BUCKETS,
+    OUTCOMES,
+    NatsClientLike,
+    NatsCollector,
+    OwnerChanges,
+    TickCounts,
+)
+from hrwcron.adapters.tracing import OtelTickSpan, tracer_provider_from_env
 from hrwcron.core.config import Config
 from hrwcron.core.model import HRW_SCHEME
 from hrwcron.core.ticks import TickId, format_ms
 from hrwcron.engine.ports import LastTrigger, NullSpan, TickSpan
 
+__all__ = ["OUTCOMES", "Fired", "Seen", "Telemetry", "tracer_provider_from_env"]
+
 log = logging.getLogger("hrwcron.telemetry")
 
-OUTCOMES = (
-    "started",
-    "already_claimed",
-    "not_owner",
-    "lock_busy",
-    "duplicate",
-    "missed",
-    "fenced",
-    "skipped",
-    "excluded",
-    "max_runs",
-    "rejected",
-    "error",
-)
-CONTENTION = frozenset({"lock_busy", "already_claimed"})
-# 1 ms .. 60 s: a healthy tick lands in the low milliseconds, a failover one step (1 s) later,
-# and anything past a minute is at the default max_lateness anyway.
-LATENESS_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
-ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 10)
-_PROPAGATOR = TraceContextTextMapPropagator()
 _M = TypeVar("_M", Counter, Histogram)
 _NULL_SPAN = NullSpan()
 _MAX_BAD_JOBS = 100
 MISMATCH_GRACE_S = 10.0
-
-
-class NatsClientLike(Protocol):
-    """What the NATS metrics read from a client at scrape time (nats-py's Client fits)."""
-
-    @property
-    def is_connected(self) -> bool: ...
-
-    stats: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,212 +82,6 @@ class Seen:
 
 
 _REPLAYED = Seen(0, 0.0, False)
-
-
-class _NatsCollector(Collector):
-    def __init__(self, client: NatsClientLike) -> None:
-        self._client = client
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        connected = GaugeMetricFamily(
-            "hrwcron_nats_connected", "1 while the NATS connection is up, 0 otherwise"
-        )
-        connected.add_metric([], 1.0 if self._client.is_connected else 0.0)
-        yield connected
-        reconnects = CounterMetricFamily(
-            "hrwcron_nats_reconnects", "Reconnections to NATS since the process started"
-        )
-        reconnects.add_metric([], float(self._client.stats.get("reconnects", 0)))
-        yield reconnects
-
-    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        return iter(())
-
-
-# Not "job": Prometheus puts its own scrape-job name in that label.
-JOB_LABEL = "job_name"
-
-
-class _TickCounts(Collector):
-    """``hrwcron_ticks_total{outcome[, job_name]}``: a dict of counts per outcome, looked up
-    once per tick (most jobs only ever see one outcome on a replica: fired here, or by
-    another); an outcome never seen for a job is no series (per job) or a 0 (without per-job
-    labels, so rate() and alerts see every outcome from the start)."""
-
-    def __init__(self, per_job: bool) -> None:
-        self.per_job = per_job
-        self._by_outcome: dict[str, dict[str, int]] = {o: {} for o in OUTCOMES}
-        self._total = dict.fromkeys(OUTCOMES, 0)
-
-    def count(self, job: str, outcome: str) -> None:
-        if not self.per_job:
-            self._total[outcome] = self._total.get(outcome, 0) + 1
-            return
-        counts = self._by_outcome.get(outcome)
-        if counts is None:
-            counts = self._by_outcome[outcome] = {}
-        counts[job] = counts.get(job, 0) + 1
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        doc = "Tick decisions of this replica by outcome (and job)"
-        if not self.per_job:
-            family = CounterMetricFamily("hrwcron_ticks", doc, labels=["outcome"])
-            for name, value in list(self._total.items()):
-                family.add_metric([name], float(value))
-            yield family
-            return
-        family = CounterMetricFamily("hrwcron_ticks", doc, labels=["outcome", JOB_LABEL])
-        for outcome, counts in list(self._by_outcome.items()):
-            for job, value in list(counts.items()):
-                family.add_metric([outcome, job], float(value))
-        yield family
-
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        return iter(())
-
-
-class _OwnerChanges(Collector):
-    """``hrwcron_owner_changes_total[{job_name}]``, counted in a plain dict."""
-
-    def __init__(self, per_job: bool) -> None:
-        self.per_job = per_job
-        self._by_job: dict[str, int] = {}
-        self._total = 0
-
-    def count(self, job: str) -> None:
-        if self.per_job:
-            self._by_job[job] = self._by_job.get(job, 0) + 1
-        else:
-            self._total += 1
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        doc = "Times this replica saw a job's owner change at a tick"
-        if not self.per_job:
-            family = CounterMetricFamily("hrwcron_owner_changes", doc)
-            family.add_metric([], float(self._total))
-            yield family
-            return
-        family = CounterMetricFamily("hrwcron_owner_changes", doc, labels=[JOB_LABEL])
-        for job, value in list(self._by_job.items()):
-            family.add_metric([job], float(value))
-        yield family
-
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        return iter(())
-
-
-class _Span:
-    """A TickSpan over an OpenTelemetry span."""
-
-    __slots__ = ("_claims_bucket", "_due_ms", "_now_ms", "_span", "_tracer")
-
-    def __init__(
-        self,
-        span: trace.Span,
-        tracer: trace.Tracer,
-        due_ms: int,
-        now_ms: Callable[[], float],
-        claims_bucket: str,
-    ) -> None:
-        self._span = span
-        self._tracer = tracer
-        self._due_ms = due_ms
-        self._now_ms = now_ms
-        self._claims_bucket = claims_bucket
-
-    def set(self, key: str, value: str | int | float | bool) -> None:
-        name = key if "." in key else f"hrwcron.{key}"
-        self._span.set_attribute(name, value)
-        if key == "error":
-            self._span.set_status(Status(StatusCode.ERROR, str(value)))
-        elif key == "outcome" and value == "started":
-            # Set right after the PubAck: the same lateness the histogram records.
-            self._span.set_attribute("hrwcron.lateness_ms", self._now_ms() - self._due_ms)
-
-    def start_child(
-        self, name: str, attributes: Mapping[str, str | int | float | bool]
-    ) -> TickSpan:
-        attrs = dict(attributes)
-        publish = attrs.get("messaging.operation.type") == "publish"
-        if publish:
-            attrs.setdefault("messaging.operation.name", "publish")
-        elif "hrwcron.claim.key" in attrs:
-            # A claim is a create-only KV write: a JetStream publish to the bucket's subject.
-            attrs.setdefault("messaging.system", "nats")
-            attrs.setdefault(
-                "messaging.destination.name",
-                f"$KV.{self._claims_bucket}.{attrs['hrwcron.claim.key']}",
-            )
-            attrs.setdefault("messaging.operation.name", "kv.create")
-        context = trace.set_span_in_context(self._span)
-        kind = SpanKind.PRODUCER if publish else SpanKind.CLIENT
-        span = self._tracer.start_span(name, context=context, kind=kind, attributes=attrs)
-        return _Span(span, self._tracer, self._due_ms, self._now_ms, self._claims_bucket)
-
-    def end(self) -> None:
-        self._span.end()
-
-    def inject(self, headers: dict[str, str]) -> None:
-        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self._span))
-
-
-def tracer_provider_from_env(
-    env: Mapping[str, str], *, service_name: str, node: str
-) -> TracerProvider | None:
-    """A TracerProvider configured by the standard OTEL_* variables, or None when the SDK is
-    disabled. The OTLP exporter is optional (the ``otlp`` extra): without it spans are still
-    made, so ``traceparent`` still links workers to ticks, but nothing is exported."""
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        log.info("tracing is on in the config but OTEL_SDK_DISABLED=true; no spans")
-        return None
-    # Defaults only: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win, as operators expect,
-    # while Resource.create would let these programmatic values override them.
-    defaults = {"service.name": service_name, "service.instance.id": node}
-    from_env = {
-        pair.split("=", 1)[0].strip() for pair in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
-    }
-    if env.get("OTEL_SERVICE_NAME"):
-        from_env.add("service.name")
-    resource = Resource.create({k: v for k, v in defaults.items() if k not in from_env})
-    provider = TracerProvider(resource=resource)
-    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
-    for name in filter(None, names):
-        exporter = _exporter(name, env)
-        if exporter is not None:
-            provider.add_span_processor(BatchSpanProcessor(exporter))
-    return provider
-
-
-def _exporter(name: str, env: Mapping[str, str]) -> SpanExporter | None:
-    if name == "none":
-        return None
-    if name == "console":
-        return ConsoleSpanExporter()
-    if name != "otlp":
-        log.warning("OTEL_TRACES_EXPORTER=%s is not supported (otlp, console, none)", name)
-        return None
-    protocol = env.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-    )
-    if protocol.strip().lower() == "grpc":
-        log.warning(
-            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported; use http/protobuf "
-            "(the OTLP collector's port 4318); spans are not exported"
-        )
-        return None
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
-            OTLPSpanExporter,
-        )
-    except ImportError:
-        log.warning(
-            "tracing is on but the OTLP exporter is not installed "
-            "(pip install 'hrwcron[otlp]'); spans are made for trace propagation only"
-        )
-        return None
-    exporter: SpanExporter = OTLPSpanExporter()
-    log.info("exporting spans over OTLP/HTTP (configured by OTEL_EXPORTER_OTLP_* variables)")
-    return exporter
 
 
 class Telemetry:
@@ -368,7 +125,7 @@ class Telemetry:
         self._mismatch_since: float | None = None
         self._mismatch_warned = False
         self._beat_ok_mono: float | None = None
-        self._nats: _NatsCollector | None = None
+        self._nats: NatsCollector | None = None
         self._define_metrics(process_metrics)
 
     @classmethod
@@ -403,7 +160,7 @@ class Telemetry:
         r = self.registry
         # Counted in plain lists and exposed at scrape time: a prometheus_client child per
         # job costs a label lookup per tick and a lock and about a kilobyte per series.
-        self.ticks = _TickCounts(self.per_job)
+        self.ticks = TickCounts(self.per_job)
         r.register(self.ticks)
         # No job label even with per-job metrics: a histogram per job costs a series per
         # bucket, and 100,000 jobs would hold millions of series in every replica.
@@ -437,7 +194,7 @@ class Telemetry:
             "Claim or publish attempts that failed with an error (timeouts, lost connection)",
             registry=r,
         )
-        self.owner_changes = _OwnerChanges(self.per_job)
+        self.owner_changes = OwnerChanges(self.per_job)
         r.register(self.owner_changes)
         self.live_members = Gauge(
             "hrwcron_live_members", "Live, ready members in this replica's view", registry=r
@@ -486,7 +243,7 @@ class Telemetry:
         """Export the connection state and reconnect count of ``client``, read at scrape."""
         if self._nats is not None:
             self.registry.unregister(self._nats)
-        self._nats = _NatsCollector(client)
+        self._nats = NatsCollector(client)
         self.registry.register(self._nats)
 
     def _heartbeat_age(self) -> float:
@@ -512,7 +269,7 @@ class Telemetry:
         span = tracer.start_span(
             "hrwcron.tick", context=Context(), kind=SpanKind.INTERNAL, attributes=attributes
         )
-        return _Span(span, tracer, due_ms, self.now_ms, self._claims_bucket)
+        return OtelTickSpan(span, tracer, due_ms, self.now_ms, self._claims_bucket)
 
     def claim_ops(self, creates: int, reads: int, replaces: int) -> None:
         for op, count in (("create", creates), ("read", reads), ("replace", replaces)):

@@ -17,14 +17,11 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
 from hrwcron.adapters.http import HttpServer
+from hrwcron.adapters.jetstream.claims import JetStreamClaims, JetStreamRuns
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
 from hrwcron.adapters.jetstream.counts import JetStreamCounts
-from hrwcron.adapters.jetstream.kv import (
-    JetStreamClaims,
-    JetStreamJobs,
-    JetStreamMembers,
-    JetStreamRuns,
-)
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs
+from hrwcron.adapters.jetstream.members import JetStreamMembers
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
 from hrwcron.adapters.jetstream.provision import Layout, provision
 from hrwcron.adapters.jetstream.triggers import JetStreamTriggers

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from hrwcron.adapters.jetstream.kv import _deleted, _entry, conditional_put, create_only
+from hrwcron.adapters.jetstream.kv import conditional_put, create_only, deleted, entry_or_none
 from hrwcron.core.errors import ConflictError
 from hrwcron.core.model import encode
 from hrwcron.core.runcount import RunCount, decode_count
@@ -24,8 +24,8 @@ class JetStreamCounts:
         self._bucket = bucket
 
     async def get(self, job: str) -> RunCount | None:
-        entry = await _entry(self._kv, job)
-        if entry is None or _deleted(entry) or not entry.value:
+        entry = await entry_or_none(self._kv, job)
+        if entry is None or deleted(entry) or not entry.value:
             return None
         return decode_count(entry.value)
 
@@ -43,8 +43,8 @@ class JetStreamCounts:
 
     async def _change(self, job: str, change: Callable[[RunCount], RunCount]) -> RunCount:
         for _ in range(ATTEMPTS):
-            entry = await _entry(self._kv, job)
-            absent = entry is None or _deleted(entry) or not entry.value
+            entry = await entry_or_none(self._kv, job)
+            absent = entry is None or deleted(entry) or not entry.value
             held = RunCount() if absent or entry is None else decode_count(entry.value or b"")
             wanted = change(held)
             if wanted == held and not absent:
