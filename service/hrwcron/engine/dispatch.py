@@ -8,6 +8,9 @@ error or no answer in time touches that tick only. The rare steps (reading a cla
 someone else, taking it over, the overlap check, re-reading a fenced subject) run as their
 own small coroutines inside the batch, and so do the rarer still: reading a max_runs job's
 run count, and recording on a claim that the server refused its trigger.
+
+The module is longer than the others because a tick's steps are one state machine, read best
+top to bottom in one place; the flight, the batch and the trigger messages live in flight.py.
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ import logging
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, Protocol
 
-from hrwcron.core.model import ClaimRecord, TriggerMessage, encode
-from hrwcron.core.ticks import format_ms
+from hrwcron.core.model import ClaimRecord
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.failpoints import Failpoints
@@ -35,16 +37,11 @@ from hrwcron.engine.flight import (
     TAKEOVER,
     Batch,
     Flight,
+    trigger_writes,
 )
 from hrwcron.engine.jobs import HeldClaim, Job
 from hrwcron.engine.ledger import TriggerLedger
 from hrwcron.engine.ports import (
-    HEADER_DUE,
-    HEADER_JOB,
-    HEADER_KIND,
-    HEADER_MSG_ID,
-    HEADER_RUN,
-    HEADER_WATERMARK,
     ClaimsPort,
     FenceConflict,
     LastTrigger,
@@ -53,7 +50,6 @@ from hrwcron.engine.ports import (
     RunsPort,
     StoreRefused,
     TriggersPort,
-    TriggerWrite,
 )
 from hrwcron.engine.settings import Settings
 
@@ -245,15 +241,7 @@ class Dispatcher:
                     "hrwcron.claim", {"hrwcron.claim.key": flight.claim_key}
                 )
         self.creates += len(flights)
-        batch.sent()
-        try:
-            futures = await self.claims.create_many(writes)
-        except Exception as exc:
-            for flight in flights:
-                self._fail(flight, f"{type(exc).__name__}: {exc}")
-            return
-        for flight, future in zip(flights, futures, strict=True):
-            batch.wait(flight, future, CREATE)
+        await self._send(flights, batch, CREATE, self.claims.create_many(writes))
 
     def _advance(
         self,
@@ -446,55 +434,26 @@ class Dispatcher:
     async def _send_publishes(self, flights: list[Flight], batch: Batch) -> None:
         if not flights:
             return
-        writes: list[TriggerWrite] = []
-        fired_at = format_ms(int(self._clock.now_ms()))
-        for flight in flights:
-            job = flight.job
-            due = format_ms(flight.due)
-            headers = {
-                HEADER_MSG_ID: flight.msg_id,
-                HEADER_JOB: job.spec.name,
-                HEADER_DUE: due,
-                HEADER_WATERMARK: str(flight.watermark),
-                HEADER_KIND: flight.kind,
-            }
-            if flight.run is not None:
-                headers[HEADER_RUN] = str(flight.run)
-            if flight.span is not None:
-                flight.step_span = flight.span.start_child(
-                    f"publish {job.subject}",
-                    {
-                        "messaging.system": "nats",
-                        "messaging.destination.name": job.subject,
-                        "messaging.message.id": flight.msg_id,
-                        "messaging.operation.type": "publish",
-                    },
-                )
-                flight.step_span.inject(headers)
-            body = encode(
-                TriggerMessage(
-                    job=job.spec.name,
-                    tick=flight.msg_id,
-                    due=due,
-                    due_ms=flight.due,
-                    fired_at=fired_at,
-                    node=self.node,
-                    attempt=max(1, flight.attempt),
-                    payload=job.spec.payload,
-                    kind=flight.kind,  # type: ignore[arg-type]
-                )
-            )
-            writes.append((job.subject, body, headers, flight.expected))
+        writes = trigger_writes(flights, self.node, self._clock.now_ms())
+        await self._send(flights, batch, PUBLISH, self._triggers.publish_many(writes))
+
+    async def _send(
+        self,
+        flights: list[Flight],
+        batch: Batch,
+        step: int,
+        writes: Awaitable[Sequence[asyncio.Future[Any]]],
+    ) -> None:
+        """Send one round of writes; each flight then waits for its own answer."""
         batch.sent()
         try:
-            futures = await self._triggers.publish_many(writes)
+            futures = await writes
         except Exception as exc:
             for flight in flights:
-                self._end_step(flight)
                 self._fail(flight, f"{type(exc).__name__}: {exc}")
             return
         for flight, future in zip(flights, futures, strict=True):
-            batch.wait(flight, future, PUBLISH)
+            batch.wait(flight, future, step)
 
     def _published(
         self,

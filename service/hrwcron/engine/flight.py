@@ -1,14 +1,24 @@
-"""A tick (or manual trigger) on its way through a batch, and the answers a batch waits for."""
+"""A tick (or manual trigger) on its way through a batch, the answers a batch waits for, and
+the trigger messages a round of publishes sends."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from hrwcron.core.model import ClaimRecord
-from hrwcron.core.ticks import TickId
+from hrwcron.core.model import ClaimRecord, TriggerMessage, encode
+from hrwcron.core.ticks import TickId, format_ms
 from hrwcron.engine.jobs import Job
-from hrwcron.engine.ports import TickSpan
+from hrwcron.engine.ports import (
+    HEADER_DUE,
+    HEADER_JOB,
+    HEADER_KIND,
+    HEADER_MSG_ID,
+    HEADER_RUN,
+    HEADER_WATERMARK,
+    TickSpan,
+    TriggerWrite,
+)
 
 
 class Flight:
@@ -96,3 +106,48 @@ class Batch:
     def _landed(self, future: asyncio.Future[Any]) -> None:
         self.answered.append(future)
         self.event.set()
+
+
+def trigger_writes(flights: list[Flight], node: str, now_ms: float) -> list[TriggerWrite]:
+    """The trigger messages of a round of publishes, each fenced on its subject's last
+    sequence; a traced flight's publish step starts here and rides in the headers."""
+    writes: list[TriggerWrite] = []
+    fired_at = format_ms(int(now_ms))
+    for flight in flights:
+        job = flight.job
+        due = format_ms(flight.due)
+        headers = {
+            HEADER_MSG_ID: flight.msg_id,
+            HEADER_JOB: job.spec.name,
+            HEADER_DUE: due,
+            HEADER_WATERMARK: str(flight.watermark),
+            HEADER_KIND: flight.kind,
+        }
+        if flight.run is not None:
+            headers[HEADER_RUN] = str(flight.run)
+        if flight.span is not None:
+            flight.step_span = flight.span.start_child(
+                f"publish {job.subject}",
+                {
+                    "messaging.system": "nats",
+                    "messaging.destination.name": job.subject,
+                    "messaging.message.id": flight.msg_id,
+                    "messaging.operation.type": "publish",
+                },
+            )
+            flight.step_span.inject(headers)
+        body = encode(
+            TriggerMessage(
+                job=job.spec.name,
+                tick=flight.msg_id,
+                due=due,
+                due_ms=flight.due,
+                fired_at=fired_at,
+                node=node,
+                attempt=max(1, flight.attempt),
+                payload=job.spec.payload,
+                kind=flight.kind,  # type: ignore[arg-type]
+            )
+        )
+        writes.append((job.subject, body, headers, flight.expected))
+    return writes
