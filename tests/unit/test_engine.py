@@ -565,7 +565,7 @@ async def test_a_herd_beyond_max_in_flight_queues_and_every_tick_fires(cluster: 
     start = await cluster.put(*jobs)
     replica = await cluster.start("a", max_in_flight=3)
     counting = SlowCountingClaims(cluster.claims)
-    replica.scheduler._claims = counting
+    replica.scheduler._dispatcher.claims = counting
     end = second_after(now_ms(), 2)
     await cluster.run_until(jobs, end)
     assert cluster.violations(jobs, (start, end)) == ""

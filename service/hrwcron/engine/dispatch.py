@@ -8,35 +8,50 @@ error or no answer in time touches that tick only. The rare steps (reading a cla
 someone else, taking it over, the overlap check, re-reading a fenced subject) run as their
 own small coroutines inside the batch, and so do the rarer still: reading a max_runs job's
 run count, and recording on a claim that the server refused its trigger.
+
+The module is longer than the others because a tick's steps are one state machine, read best
+top to bottom in one place; the flight, the batch and the trigger messages live in flight.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from hrwcron.core.model import ClaimRecord, TriggerMessage, encode
-from hrwcron.core.ticks import TickId, format_ms
+from hrwcron.core.model import ClaimRecord
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.counting import RunCounter
+from hrwcron.engine.failpoints import Failpoints
+from hrwcron.engine.flight import (
+    COUNT,
+    CREATE,
+    LAST,
+    PUBLISH,
+    READ,
+    REJECT,
+    RUNS,
+    SKIP,
+    TAKEOVER,
+    Batch,
+    Flight,
+    trigger_writes,
+)
+from hrwcron.engine.jobs import HeldClaim, Job
+from hrwcron.engine.ledger import TriggerLedger
 from hrwcron.engine.ports import (
-    HEADER_DUE,
-    HEADER_JOB,
-    HEADER_KIND,
-    HEADER_MSG_ID,
-    HEADER_RUN,
-    HEADER_WATERMARK,
+    ClaimsPort,
     FenceConflict,
     LastTrigger,
+    Observer,
     Published,
+    RunsPort,
     StoreRefused,
-    TickSpan,
-    TriggerWrite,
+    TriggersPort,
 )
-
-if TYPE_CHECKING:
-    from hrwcron.engine.scheduler import Scheduler, _Job
+from hrwcron.engine.settings import Settings
 
 log = logging.getLogger("hrwcron.scheduler")
 
@@ -47,108 +62,61 @@ MAX_FENCES = 5
 CLAIM_RESOLVED = frozenset({"skipped", "rejected"})
 
 
-@dataclass(frozen=True, slots=True)
-class HeldClaim:
-    """A claim seen held by another instance: what the tick waits on instead of polling."""
+class TickHost(Protocol):
+    """What the dispatcher needs from the replica that hands it ticks."""
 
-    revision: int
-    seen_mono: float  # when this replica first saw this revision (lease clock)
-    node: str
-    instance: str
+    @property
+    def stopping(self) -> bool: ...
+    def claim_ttl(self, job: Job) -> float:
+        """How long a claim on one of ``job``'s ticks may live."""
 
+    def holder_live(self, node: str, instance: str) -> bool:
+        """Whether a claim's holder is live and ready."""
 
-class Flight:
-    """One tick (or manual trigger) on its way through a batch."""
+    def mark_bad(self, job: Job, problem: str) -> None:
+        """The job's ticks fail for what the job is."""
 
-    __slots__ = (
-        "attempt",
-        "claim_key",
-        "due",
-        "entry",
-        "error",
-        "expected",
-        "fences",
-        "job",
-        "kind",
-        "msg_id",
-        "outcome",
-        "rank",
-        "record",
-        "revision",
-        "run",
-        "span",
-        "step_span",
-        "watermark",
-    )
+    def log_error(self, job: Job, tick_key: str, error: str) -> None:
+        """A tick failed with ``error``; it will be retried."""
 
-    def __init__(
-        self,
-        job: _Job,
-        entry: int,
-        due: int,
-        rank: int,
-        kind: str = "scheduled",
-        msg_id: str = "",
-        claim_key: str = "",
-    ) -> None:
-        self.job = job
-        self.entry = entry
-        self.due = due
-        self.rank = rank
-        self.kind = kind
-        if not msg_id or not claim_key:
-            tick = TickId(job.spec.name, due)
-            msg_id, claim_key = msg_id or tick.key, claim_key or tick.claim_key
-        self.msg_id = msg_id
-        self.claim_key = claim_key
-        self.record: ClaimRecord | None = None
-        self.revision = 0
-        self.attempt = 0
-        self.fences = 0
-        self.expected = 0
-        self.watermark = 0
-        self.run: int | None = None  # the Hrwcron-Run header of a max_runs job's trigger
-        self.span: TickSpan | None = None
-        self.step_span: TickSpan | None = None
-        self.outcome = ""
-        self.error = ""
-
-
-# The step a pending answer belongs to.
-_CREATE, _READ, _TAKEOVER, _RUNS, _SKIP, _PUBLISH, _LAST, _COUNT, _REJECT = range(9)
-
-
-class _Batch:
-    """The answers a batch waits for, and a wake-up when some have come."""
-
-    __slots__ = ("answered", "deadline", "event", "pending", "timeout")
-
-    def __init__(self, timeout: float) -> None:
-        self.pending: dict[asyncio.Future[Any], tuple[Flight, int]] = {}
-        self.answered: list[asyncio.Future[Any]] = []
-        self.event = asyncio.Event()
-        self.timeout = timeout
-        self.deadline = 0.0
-
-    def wait(self, flight: Flight, future: asyncio.Future[Any], step: int) -> None:
-        self.pending[future] = (flight, step)
-        future.add_done_callback(self._landed)
-
-    def sent(self) -> None:
-        """Writes just went out: they get the whole timeout, even when the replica was
-        paused after the previous round (its first act on waking must not be a timeout)."""
-        self.deadline = asyncio.get_running_loop().time() + self.timeout
-
-    def _landed(self, future: asyncio.Future[Any]) -> None:
-        self.answered.append(future)
-        self.event.set()
+    def acted(self, flight: Flight) -> None:
+        """A scheduled tick's act ended with ``flight.outcome``."""
 
 
 class Dispatcher:
-    """Runs batches of flights for one scheduler; at most ``max_in_flight`` ticks at a time."""
+    """Runs batches of flights for one replica; at most ``max_in_flight`` ticks at a time."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._s = scheduler
+    def __init__(
+        self,
+        host: TickHost,
+        settings: Settings,
+        *,
+        claims: ClaimsPort,
+        triggers: TriggersPort,
+        runs: RunsPort | None,
+        ledger: TriggerLedger,
+        counter: RunCounter,
+        observer: Observer,
+        clock: Clock,
+        failpoints: Failpoints,
+        instance: str,
+    ) -> None:
+        self._s = host
+        self._settings = settings
+        self.node = settings.node_id
+        self.instance = instance
+        self.claims = claims
+        self._triggers = triggers
+        self._runs = runs
+        self._ledger = ledger
+        self._last = ledger.last
+        self._counter = counter
+        self._observer = observer
+        self._tracing = observer.tracing
+        self._clock = clock
+        self._failpoints = failpoints
+        # Ticks beyond max_in_flight wait here for a batch to start them.
+        self.queued: collections.deque[Flight] = collections.deque()
         self.in_flight = 0
         self.tasks: set[asyncio.Task[None]] = set()
         # Claim operations so far, reported to the observer per batch: what a tick costs the
@@ -161,14 +129,14 @@ class Dispatcher:
     # ------------------------------------------------------------------------- batches
 
     def submit(self, flights: Sequence[Flight]) -> None:
-        self._s._queued_acts.extend(flights)
+        self.queued.extend(flights)
         self.start_batches()
 
     def start_batches(self) -> None:
         s = self._s
-        queued = s._queued_acts
-        room = s.settings.max_in_flight - self.in_flight
-        if room <= 0 or not queued or s._stopping:
+        queued = self.queued
+        room = self._settings.max_in_flight - self.in_flight
+        if room <= 0 or not queued or s.stopping:
             return
         take = [queued.popleft() for _ in range(min(room, len(queued)))]
         self.in_flight += len(take)
@@ -184,9 +152,8 @@ class Dispatcher:
     async def run(self, flights: list[Flight]) -> None:
         """Claims, then publishes, for every flight; returns once each has an outcome (or the
         batch's deadline passed: what is still unanswered then counts as an error)."""
-        s = self._s
         # A little beyond the stores' own deadline, which answers first when they have one.
-        batch = _Batch(s.settings.write_timeout + 1.0)
+        batch = Batch(self._settings.write_timeout + 1.0)
         creates: list[Flight] = []
         for flight in flights:
             self._begin(flight, batch, creates)
@@ -206,10 +173,10 @@ class Dispatcher:
                 for future in answered:
                     flight, step = batch.pending.pop(future)
                     self._advance(flight, step, future, batch, publishes, won)
-                if won and s._failpoints:
+                if won and self._failpoints:
                     for flight in won:
                         if flight.kind == "scheduled":
-                            await s._failpoints.hit("after_claim", flight.job.spec.name)
+                            await self._failpoints.hit("after_claim", flight.job.spec.name)
                 for flight in won:
                     self._pre_publish(flight, batch, publishes)
                 await self._send_publishes(publishes, batch)
@@ -233,64 +200,55 @@ class Dispatcher:
         ops = (self.creates - told[0], self.reads - told[1], self.replaces - told[2])
         if any(ops):
             self._told = (self.creates, self.reads, self.replaces)
-            self._s._observer.claim_ops(*ops)
+            self._observer.claim_ops(*ops)
 
     # --------------------------------------------------------------------------- steps
 
-    def _begin(self, flight: Flight, batch: _Batch, creates: list[Flight]) -> None:
-        s = self._s
+    def _begin(self, flight: Flight, batch: Batch, creates: list[Flight]) -> None:
         job = flight.job
-        if s.tracing:
-            flight.span = s._observer.start_tick_span(
+        if self._tracing:
+            flight.span = self._observer.start_tick_span(
                 job.spec.name, flight.msg_id, flight.due, flight.rank
             )
             if flight.kind != "scheduled":
                 flight.span.set("hrwcron.kind", flight.kind)
         if flight.kind == "scheduled":
-            if s._done(job, flight.due):
+            if self._ledger.done(job.subject, flight.due):
                 self._resolve(flight, "already_claimed" if job.acted else "not_owner")
                 return
             job.acted = True
             held = job.claim_seen
             if held is not None:
                 # Seen held by someone else before: what matters now is that claim's state.
-                self._spawn(batch, flight, _READ, s._claims.get(flight.claim_key))
+                self._spawn(batch, flight, READ, self.claims.get(flight.claim_key))
                 self.reads += 1
                 return
         flight.record = ClaimRecord(
-            node=s.node, instance=s.instance, attempt=1, claimed_ms=int(s.clock.now_ms())
+            node=self.node, instance=self.instance, attempt=1, claimed_ms=int(self._clock.now_ms())
         )
         creates.append(flight)
 
-    async def _send_creates(self, flights: list[Flight], batch: _Batch) -> None:
+    async def _send_creates(self, flights: list[Flight], batch: Batch) -> None:
         if not flights:
             return
         s = self._s
         writes = []
         for flight in flights:
             assert flight.record is not None
-            writes.append((flight.claim_key, flight.record, s._claim_ttl(flight.job)))
+            writes.append((flight.claim_key, flight.record, s.claim_ttl(flight.job)))
             if flight.span is not None:
                 flight.step_span = flight.span.start_child(
                     "hrwcron.claim", {"hrwcron.claim.key": flight.claim_key}
                 )
         self.creates += len(flights)
-        batch.sent()
-        try:
-            futures = await s._claims.create_many(writes)
-        except Exception as exc:
-            for flight in flights:
-                self._fail(flight, f"{type(exc).__name__}: {exc}")
-            return
-        for flight, future in zip(flights, futures, strict=True):
-            batch.wait(flight, future, _CREATE)
+        await self._send(flights, batch, CREATE, self.claims.create_many(writes))
 
     def _advance(
         self,
         flight: Flight,
         step: int,
         future: asyncio.Future[Any],
-        batch: _Batch,
+        batch: Batch,
         publishes: list[Flight],
         won: list[Flight],
     ) -> None:
@@ -298,26 +256,24 @@ class Dispatcher:
             self._fail(flight, "cancelled")
             return
         error = future.exception()
-        if step == _PUBLISH:
+        if step == PUBLISH:
             self._published(flight, future, error, batch, publishes)
             return
-        if step == _REJECT:
+        if step == REJECT:
             # Recorded on the claim or not, the trigger cannot be published: a replica that
             # does not see the record tries once more and meets the same refusal.
             self._resolve(flight, "rejected")
             return
-        if flight.step_span is not None:
-            if step == _CREATE:
-                flight.step_span.set(
-                    "hrwcron.claim.won", error is None and future.result() is not None
-                )
-            flight.step_span.end()
-            flight.step_span = None
+        step_span = flight.step_span
+        if step_span is not None:
+            if step == CREATE:
+                step_span.set("hrwcron.claim.won", error is None and future.result() is not None)
+            self._end_step(flight)
         if error is not None:
             self._fail(flight, f"{type(error).__name__}: {error}")
             return
         result = future.result()
-        if step == _CREATE:
+        if step == CREATE:
             if result is not None:
                 flight.revision = result
                 flight.attempt = 1
@@ -325,28 +281,28 @@ class Dispatcher:
             elif flight.kind != "scheduled":
                 self._resolve(flight, "duplicate")  # this Msg-Id was claimed before
             else:
-                self._spawn(batch, flight, _READ, self._s._claims.get(flight.claim_key))
+                self._spawn(batch, flight, READ, self.claims.get(flight.claim_key))
                 self.reads += 1
-        elif step == _READ:
+        elif step == READ:
             self._read(flight, result, batch, publishes)
-        elif step == _TAKEOVER:
+        elif step == TAKEOVER:
             self._taken_over(flight, result, batch, publishes)
-        elif step == _RUNS:
+        elif step == RUNS:
             self._runs_checked(flight, bool(result), batch, publishes)
-        elif step == _SKIP:
+        elif step == SKIP:
             self._resolve(flight, "skipped")
-        elif step == _LAST:
+        elif step == LAST:
             if result is not None:
-                self._s._remember(flight.job.subject, result)
+                self._ledger.remember(flight.job.subject, result)
             self._prepare(flight, batch, publishes)
-        elif step == _COUNT:
+        elif step == COUNT:
             self._prepare(flight, batch, publishes)
 
     def _read(
         self,
         flight: Flight,
         held: tuple[ClaimRecord, int] | None,
-        batch: _Batch,
+        batch: Batch,
         publishes: list[Flight],
     ) -> None:
         """Someone holds this tick's claim. Ours from before (same instance): go on. Held by an
@@ -364,11 +320,11 @@ class Dispatcher:
         if record.outcome in CLAIM_RESOLVED:
             self._resolve(flight, "already_claimed")
             return
-        if record.instance == s.instance:
+        if record.instance == self.instance:
             flight.record, flight.revision = record, revision
             self._pre_publish(flight, batch, publishes)
             return
-        now = s.clock.monotonic()
+        now = self._clock.monotonic()
         seen = job.claim_seen
         if seen is None or seen.revision != revision:
             seen = HeldClaim(revision, now, record.node, record.instance)
@@ -376,28 +332,28 @@ class Dispatcher:
         reason = ""
         if not s.holder_live(record.node, record.instance):
             reason = "its holder is not live and ready"
-        elif now - seen.seen_mono >= s.settings.claim_lease:
+        elif now - seen.seen_mono >= self._settings.claim_lease:
             reason = f"unchanged for {now - seen.seen_mono:.1f} s"
         if not reason:
             self._resolve(flight, "lock_busy")
             return
         takeover = ClaimRecord(
-            node=s.node,
-            instance=s.instance,
+            node=self.node,
+            instance=self.instance,
             attempt=record.attempt + 1,
-            claimed_ms=int(s.clock.now_ms()),
+            claimed_ms=int(self._clock.now_ms()),
         )
         flight.record = takeover
         flight.attempt = takeover.attempt
         if flight.span is not None:
             flight.span.set("hrwcron.takeover", True)
         log.info("tick %s: took over the claim of %s (%s)", flight.msg_id, record.node, reason)
-        write = s._claims.replace(flight.claim_key, takeover, revision, s._claim_ttl(job))
-        self._spawn(batch, flight, _TAKEOVER, write)
+        write = self.claims.replace(flight.claim_key, takeover, revision, s.claim_ttl(job))
+        self._spawn(batch, flight, TAKEOVER, write)
         self.replaces += 1
 
     def _taken_over(
-        self, flight: Flight, revision: int | None, batch: _Batch, publishes: list[Flight]
+        self, flight: Flight, revision: int | None, batch: Batch, publishes: list[Flight]
     ) -> None:
         if revision is None:
             flight.job.claim_seen = None
@@ -406,8 +362,8 @@ class Dispatcher:
         flight.revision = revision
         self._prepare(flight, batch, publishes)  # a takeover never skips: the holder decided
 
-    def _pre_publish(self, flight: Flight, batch: _Batch, publishes: list[Flight]) -> None:
-        runs = self._s._runs
+    def _pre_publish(self, flight: Flight, batch: Batch, publishes: list[Flight]) -> None:
+        runs = self._runs
         job = flight.job
         if (
             runs is not None
@@ -415,19 +371,19 @@ class Dispatcher:
             and job.spec.overlap == "skip"
             and flight.attempt == 1
         ):
-            self._spawn(batch, flight, _RUNS, runs.running(job.spec.name))
+            self._spawn(batch, flight, RUNS, runs.running(job.spec.name))
             return
         self._prepare(flight, batch, publishes)
 
     def _runs_checked(
-        self, flight: Flight, running: bool, batch: _Batch, publishes: list[Flight]
+        self, flight: Flight, running: bool, batch: Batch, publishes: list[Flight]
     ) -> None:
         if not running:
             self._prepare(flight, batch, publishes)
             return
-        self._resolve_claim(flight, batch, _SKIP, "skipped")
+        self._resolve_claim(flight, batch, SKIP, "skipped")
 
-    def _resolve_claim(self, flight: Flight, batch: _Batch, step: int, outcome: str) -> None:
+    def _resolve_claim(self, flight: Flight, batch: Batch, step: int, outcome: str) -> None:
         """Record on the claim that the tick is resolved without a trigger, so the others
         take it as done instead of taking the claim over."""
         s = self._s
@@ -440,33 +396,32 @@ class Dispatcher:
             claimed_ms=claim.claimed_ms,
             outcome=outcome,
         )
-        write = s._claims.replace(
-            flight.claim_key, resolved, flight.revision, s._claim_ttl(flight.job)
+        write = self.claims.replace(
+            flight.claim_key, resolved, flight.revision, s.claim_ttl(flight.job)
         )
         self._spawn(batch, flight, step, write)
         self.replaces += 1
 
-    def _prepare(self, flight: Flight, batch: _Batch, publishes: list[Flight]) -> None:
+    def _prepare(self, flight: Flight, batch: Batch, publishes: list[Flight]) -> None:
         """Checks right before publishing, as of now: a replica that woke up late must not
         publish late, a subject that already holds this tick or a later one is done, and a
         max_runs job numbers its trigger from the subject's newest one (see runcount.py)."""
-        s = self._s
         job = flight.job
         due = flight.due
         scheduled = flight.kind == "scheduled"
-        if scheduled and s.clock.now_ms() > due + job.spec.max_lateness_ms:
+        if scheduled and self._clock.now_ms() > due + job.spec.max_lateness_ms:
             self._resolve(flight, "missed")
             return
-        last = s.last.get(job.subject)
+        last = self._last.get(job.subject)
         if scheduled and last is not None and last.watermark >= due:
             self._resolve(flight, "duplicate" if last.msg_id == flight.msg_id else "fenced")
             return
         max_runs = job.spec.max_runs
         if max_runs is not None:
-            counter = s._counter
+            counter = self._counter
             name = job.spec.name
             if not counter.known(name):
-                self._spawn(batch, flight, _COUNT, counter.load(name))
+                self._spawn(batch, flight, COUNT, counter.load(name))
                 return
             flight.run = counter.run_number(name, last.run if last else 0, max_runs, scheduled)
             if flight.run is None:
@@ -476,66 +431,36 @@ class Dispatcher:
         flight.expected = last.seq if last else 0
         publishes.append(flight)
 
-    async def _send_publishes(self, flights: list[Flight], batch: _Batch) -> None:
+    async def _send_publishes(self, flights: list[Flight], batch: Batch) -> None:
         if not flights:
             return
-        s = self._s
-        writes: list[TriggerWrite] = []
-        fired_at = format_ms(int(s.clock.now_ms()))
-        for flight in flights:
-            job = flight.job
-            due = format_ms(flight.due)
-            headers = {
-                HEADER_MSG_ID: flight.msg_id,
-                HEADER_JOB: job.spec.name,
-                HEADER_DUE: due,
-                HEADER_WATERMARK: str(flight.watermark),
-                HEADER_KIND: flight.kind,
-            }
-            if flight.run is not None:
-                headers[HEADER_RUN] = str(flight.run)
-            if flight.span is not None:
-                flight.step_span = flight.span.start_child(
-                    f"publish {job.subject}",
-                    {
-                        "messaging.system": "nats",
-                        "messaging.destination.name": job.subject,
-                        "messaging.message.id": flight.msg_id,
-                        "messaging.operation.type": "publish",
-                    },
-                )
-                flight.step_span.inject(headers)
-            body = encode(
-                TriggerMessage(
-                    job=job.spec.name,
-                    tick=flight.msg_id,
-                    due=due,
-                    due_ms=flight.due,
-                    fired_at=fired_at,
-                    node=s.node,
-                    attempt=max(1, flight.attempt),
-                    payload=job.spec.payload,
-                    kind=flight.kind,  # type: ignore[arg-type]
-                )
-            )
-            writes.append((job.subject, body, headers, flight.expected))
+        writes = trigger_writes(flights, self.node, self._clock.now_ms())
+        await self._send(flights, batch, PUBLISH, self._triggers.publish_many(writes))
+
+    async def _send(
+        self,
+        flights: list[Flight],
+        batch: Batch,
+        step: int,
+        writes: Awaitable[Sequence[asyncio.Future[Any]]],
+    ) -> None:
+        """Send one round of writes; each flight then waits for its own answer."""
         batch.sent()
         try:
-            futures = await s._triggers.publish_many(writes)
+            futures = await writes
         except Exception as exc:
             for flight in flights:
-                self._end_step(flight)
                 self._fail(flight, f"{type(exc).__name__}: {exc}")
             return
         for flight, future in zip(flights, futures, strict=True):
-            batch.wait(flight, future, _PUBLISH)
+            batch.wait(flight, future, step)
 
     def _published(
         self,
         flight: Flight,
         future: asyncio.Future[Published],
         error: BaseException | None,
-        batch: _Batch,
+        batch: Batch,
         publishes: list[Flight],
     ) -> None:
         s = self._s
@@ -549,17 +474,17 @@ class Dispatcher:
             if flight.fences >= MAX_FENCES:
                 self._resolve(flight, "lock_busy")
                 return
-            s.last.pop(subject, None)
-            self._spawn(batch, flight, _LAST, s._triggers.last(subject))
+            self._ledger.forget(subject)
+            self._spawn(batch, flight, LAST, self._triggers.last(subject))
             return
         if isinstance(error, StoreRefused):
             if flight.step_span is not None:
                 flight.step_span.set("hrwcron.rejected", str(error))
             self._end_step(flight)
             # Sending it again cannot succeed: this tick fails, not the replica.
-            s._mark_bad(flight.job, f"the server refused its trigger: {error}")
+            s.mark_bad(flight.job, f"the server refused its trigger: {error}")
             if flight.kind == "scheduled":
-                self._resolve_claim(flight, batch, _REJECT, "rejected")
+                self._resolve_claim(flight, batch, REJECT, "rejected")
             else:
                 self._resolve(flight, "rejected")  # its caller gives the claim back
             return
@@ -573,14 +498,15 @@ class Dispatcher:
         if ack.duplicate:
             self._resolve(flight, "duplicate")
             return
-        s._remember(subject, LastTrigger(ack.seq, flight.msg_id, flight.watermark, flight.run or 0))
+        seen = LastTrigger(ack.seq, flight.msg_id, flight.watermark, flight.run or 0)
+        self._ledger.remember(subject, seen)
         self._resolve(flight, "started")
 
     # ------------------------------------------------------------------------ outcomes
 
     def _spawn(
         self,
-        batch: _Batch,
+        batch: Batch,
         flight: Flight,
         step: int,
         work: Coroutine[Any, Any, Any] | Awaitable[Any],
@@ -597,7 +523,7 @@ class Dispatcher:
     def _fail(self, flight: Flight, error: str) -> None:
         self._end_step(flight)
         flight.error = error
-        self._s._log_error(flight.job, flight.msg_id, error)
+        self._s.log_error(flight.job, flight.msg_id, error)
         if flight.span is not None:
             flight.span.set("error", error)
         self._resolve(flight, "error")
@@ -614,4 +540,4 @@ class Dispatcher:
             span.end()
         if flight.kind == "scheduled":
             self.in_flight -= 1
-            self._s._acted(flight)
+            self._s.acted(flight)
