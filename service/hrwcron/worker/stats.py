@@ -5,13 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from hrwcron.worker.consumer import Worker
 
 
 @dataclass
@@ -31,10 +28,20 @@ class WorkerStats:
     errors: int = 0  # failed NATS calls (record, marker, ack, nak, term), each logged
 
 
+class Counted(Protocol):
+    """What the collector reads of a worker (a :class:`hrwcron.worker.Worker`)."""
+
+    @property
+    def durable(self) -> str: ...
+
+    @property
+    def stats(self) -> WorkerStats: ...
+
+
 class WorkerMetrics(Collector):
     """``hrwcron_worker_events_total{durable, event}``: :class:`WorkerStats` at scrape time."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Counted) -> None:
         self._worker = worker
 
     def collect(self) -> Iterator[CounterMetricFamily]:
