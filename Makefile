@@ -28,6 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check service tests bench
 	$(BIN)/ruff format --check service tests bench
 	$(BIN)/mypy --strict service/hrwcron
+	$(BIN)/lint-imports
 
 fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench

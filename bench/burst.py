@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from hrwcron.jetstream.pipeline import JetStreamPipeline, PubAck
-from hrwcron.model import JobSpec
-from hrwcron.ports import HEADER_JOB, HEADER_WATERMARK
-from hrwcron.schedule import jitter_ms
+from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline, PubAck
+from hrwcron.core.model import JobSpec
+from hrwcron.core.schedule import jitter_ms
+from hrwcron.engine.ports import HEADER_JOB, HEADER_WATERMARK
 
 from .common import (
     Deployment,

@@ -31,9 +31,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from hrwcron.app import Stores, open_stores
-from hrwcron.config import Config, load_config
-from hrwcron.model import JobSpec
+from hrwcron.core.config import Config, load_config
+from hrwcron.core.model import JobSpec
+from hrwcron.process.app import Stores, open_stores
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

@@ -24,8 +24,8 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from hrwcron.jetstream.kv import conditional_put
-from hrwcron.model import ClaimRecord, encode
+from hrwcron.adapters.jetstream.kv import conditional_put
+from hrwcron.core.model import ClaimRecord, encode
 
 from . import burst, precision
 from .common import SYNCS, Deployment, connect, gather_limited

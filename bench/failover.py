@@ -10,9 +10,9 @@ import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from hrwcron import hrw
-from hrwcron.model import JobSpec
-from hrwcron.ports import HEADER_JOB, HEADER_WATERMARK
+from hrwcron.core import hrw
+from hrwcron.core.model import JobSpec
+from hrwcron.engine.ports import HEADER_JOB, HEADER_WATERMARK
 
 from .common import (
     Deployment,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from hrwcron import hrw
+from hrwcron.core import hrw
 
 JOBS = [f"job-{n}" for n in range(20_000)]
 TIMING_JOBS = 100_000

@@ -26,9 +26,9 @@ from pathlib import Path
 import msgspec
 from nats.js.api import KeyValueConfig, StorageType
 
-from hrwcron.jetstream.kv import conditional_writes
-from hrwcron.jetstream.pipeline import JetStreamPipeline
-from hrwcron.model import JobSpec, encode
+from hrwcron.adapters.jetstream.kv import conditional_writes
+from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
+from hrwcron.core.model import JobSpec, encode
 
 from .common import ROOT, Deployment, Fleet, connect, fmt, gather_limited, ratio, until
 

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
-from hrwcron.model import JobSpec
-from hrwcron.ports import HEADER_JOB, HEADER_WATERMARK
-from hrwcron.schedule import jitter_ms
+from hrwcron.core.model import JobSpec
+from hrwcron.core.schedule import jitter_ms
+from hrwcron.engine.ports import HEADER_JOB, HEADER_WATERMARK
 
 from .common import (
     Deployment,

@@ -19,12 +19,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from hrwcron.app import node_id, start_replica
-from hrwcron.clock import Clock
-from hrwcron.config import Config, load_config
-from hrwcron.errors import HrwcronError
-from hrwcron.logs import setup_logging
-from hrwcron.ports import NullObserver
+from hrwcron.core.config import Config, load_config
+from hrwcron.core.errors import HrwcronError
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.ports import NullObserver
+from hrwcron.process.app import node_id, start_replica
+from hrwcron.process.logs import setup_logging
 
 PREFIX = "BENCH "
 # The probe sleeps this long and records how much later than asked it woke up. A stall of S ms
@@ -43,7 +43,7 @@ def make_observer(config: Config, env: Mapping[str, str]) -> Any:
     report the events the benchmark times. Falls back to a bare observer where telemetry is not
     available, and says so in the ``boot`` event."""
     try:
-        from hrwcron.telemetry import Telemetry
+        from hrwcron.adapters.telemetry import Telemetry
     except ImportError:
         Telemetry = None
 

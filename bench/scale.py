@@ -9,7 +9,7 @@ import asyncio
 import math
 from dataclasses import dataclass, field
 
-from hrwcron.model import JobSpec
+from hrwcron.core.model import JobSpec
 
 from . import telemetry_growth
 from .common import Deployment, Replica, cpu_seconds, put_jobs, rss_mb, stores_for, until

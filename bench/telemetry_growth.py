@@ -39,8 +39,8 @@ def measure(jobs: int, per_job: bool) -> dict[str, float]:
 
 
 def main() -> None:
-    from hrwcron.ports import LastTrigger
-    from hrwcron.telemetry import Telemetry
+    from hrwcron.adapters.telemetry import Telemetry
+    from hrwcron.engine.ports import LastTrigger
 
     jobs, per_job = int(sys.argv[1]), sys.argv[2] == "1"
     telemetry = Telemetry(node="scheduler-0", per_job=per_job, process_metrics=False)

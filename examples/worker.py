@@ -26,10 +26,10 @@ import signal
 import sys
 import time
 
-from hrwcron.cli_admin import connection_config
-from hrwcron.config import ENV_CONFIG_PATH, Config, ConfigFileError
-from hrwcron.errors import HrwcronError
-from hrwcron.jetstream.connect import connect
+from hrwcron.cli.request import connection_config
+from hrwcron.core.config import ENV_CONFIG_PATH, Config, ConfigFileError
+from hrwcron.core.errors import HrwcronError
+from hrwcron.adapters.jetstream.connect import connect
 from hrwcron.worker import Trigger, Worker
 
 

@@ -1,6 +1,6 @@
 """``python -m hrwcron``: the same as the ``hrwcron`` command."""
 
-from .cli import main
+from hrwcron.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

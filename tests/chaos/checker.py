@@ -49,8 +49,8 @@ from harness.chaos import (
     due_instants,
     find_violations,
 )
-from hrwcron.model import JobSpec, decode_job
-from hrwcron.schedule import jitter_ms
+from hrwcron.core.model import JobSpec, decode_job
+from hrwcron.core.schedule import jitter_ms
 
 KINDS = (MISSING, DUPLICATED, EARLY, LATE, OUT_OF_ORDER, STRAY, ACK_LOST)
 EARLY_TOLERANCE_MS = 50.0

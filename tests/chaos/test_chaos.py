@@ -34,8 +34,8 @@ from harness import NatsCluster, NatsServer, wait_for_async
 from harness.ackjournal import find_lost_acks
 from harness.chaos import MISSING, ReplicaFleet, now_ms
 from harness.power import SYNC_ALWAYS, PowerCluster, fuse_unavailable
-from hrwcron.app import Stores, open_stores
-from hrwcron.model import Heartbeat, JobSpec
+from hrwcron.core.model import Heartbeat, JobSpec
+from hrwcron.process.app import Stores, open_stores
 
 from .checker import Verdict, check_stream, failover_table, failover_times
 from .faults import (

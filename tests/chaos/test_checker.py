@@ -11,9 +11,9 @@ import pytest
 
 from harness import NatsServer
 from harness.chaos import Trigger, parse_trigger
-from hrwcron.app import open_stores
-from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
-from hrwcron.model import JobSpec
+from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
+from hrwcron.core.model import JobSpec
+from hrwcron.process.app import open_stores
 
 from .checker import check, failover_times, main, parse_instant
 

@@ -35,10 +35,10 @@ from nats.errors import Error as NatsError
 
 from harness import NatsServer, ReplicaProcess, TcpProxy, wait_for_async
 from harness.workers import RunAudit, audit_runs, read_runs, worker_process
-from hrwcron.app import open_stores
-from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
-from hrwcron.failpoints import ENV as FAILPOINTS
-from hrwcron.model import TriggerMessage, encode
+from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
+from hrwcron.core.model import TriggerMessage, encode
+from hrwcron.engine.failpoints import ENV as FAILPOINTS
+from hrwcron.process.app import open_stores
 
 from .faults import hold
 

@@ -20,22 +20,26 @@ import nats
 import pytest
 
 from harness import NatsServer, wait_for_async
-from hrwcron.config import NatsConfig
-from hrwcron.errors import ConflictError, DuplicateNodeError, SubjectTakenError
-from hrwcron.jetstream.connect import ConnectionHooks, connect
-from hrwcron.jetstream.counts import JetStreamCounts
-from hrwcron.jetstream.kv import (
-    JetStreamClaims,
-    JetStreamJobs,
-    JetStreamMembers,
-    conditional_writes,
+from hrwcron.adapters.jetstream.claims import JetStreamClaims
+from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
+from hrwcron.adapters.jetstream.counts import JetStreamCounts
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs
+from hrwcron.adapters.jetstream.kv import conditional_writes
+from hrwcron.adapters.jetstream.members import JetStreamMembers
+from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
+from hrwcron.adapters.jetstream.provision import Layout, provision
+from hrwcron.adapters.jetstream.triggers import JetStreamTriggers
+from hrwcron.adapters.memory import (
+    MemoryClaims,
+    MemoryCounts,
+    MemoryJobs,
+    MemoryMembers,
+    MemoryTriggers,
 )
-from hrwcron.jetstream.pipeline import JetStreamPipeline
-from hrwcron.jetstream.provision import Layout, provision
-from hrwcron.jetstream.triggers import JetStreamTriggers
-from hrwcron.memory import MemoryClaims, MemoryCounts, MemoryJobs, MemoryMembers, MemoryTriggers
-from hrwcron.model import ClaimRecord, Heartbeat, JobSpec
-from hrwcron.ports import (
+from hrwcron.core.config import NatsConfig
+from hrwcron.core.errors import ConflictError, DuplicateNodeError, SubjectTakenError
+from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
+from hrwcron.engine.ports import (
     HEADER_MSG_ID,
     HEADER_RUN,
     HEADER_WATERMARK,

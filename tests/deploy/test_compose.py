@@ -15,7 +15,7 @@ import yaml
 
 from harness import nats_server_binary
 from hrwcron.cli import build_parser
-from hrwcron.config import load_config
+from hrwcron.core.config import load_config
 
 from .dockerfile import parse as parse_dockerfile
 from .natsconf import passwords_env, random_passwords

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hrwcron.cli import build_parser
-from hrwcron.config import load_config
+from hrwcron.core.config import load_config
 
 from .dockerfile import DOCKERFILE, ROOT, dockerignore_patterns, ignored, parse
 

@@ -15,7 +15,7 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from hrwcron.cli import build_parser
-from hrwcron.config import load_config
+from hrwcron.core.config import load_config
 
 from .dockerfile import parse as parse_dockerfile
 

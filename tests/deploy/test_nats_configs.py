@@ -19,10 +19,10 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from harness import nats_server_binary, wait_for_async
 from hrwcron.admin.client import AdminClient, AdminError
-from hrwcron.app import Replica, open_stores, start_replica
-from hrwcron.config import parse_config
-from hrwcron.model import ClaimRecord
-from hrwcron.ticks import manual_claim_key
+from hrwcron.core.config import parse_config
+from hrwcron.core.model import ClaimRecord
+from hrwcron.core.ticks import manual_claim_key
+from hrwcron.process.app import Replica, open_stores, start_replica
 from hrwcron.worker import Trigger, Worker
 
 from .natsconf import (

@@ -138,7 +138,7 @@ def find_lost_acks(
 
 
 def _install(journal: Path, node: str) -> None:
-    from hrwcron.jetstream.triggers import JetStreamTriggers
+    from hrwcron.adapters.jetstream.triggers import JetStreamTriggers
 
     original = JetStreamTriggers.publish_many
     handle = open(journal, "a", buffering=1)  # noqa: SIM115  (kept open for the process)

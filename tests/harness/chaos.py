@@ -37,9 +37,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from hrwcron.config import Config, load_config
-from hrwcron.model import JobSpec
-from hrwcron.schedule import Schedule, jitter_ms
+from hrwcron.core.config import Config, load_config
+from hrwcron.core.model import JobSpec
+from hrwcron.core.schedule import Schedule, jitter_ms
 
 from .procs import ReplicaProcess
 from .wait import wait_for_async

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from hrwcron.children import die_with_parent
+from hrwcron.process.children import die_with_parent
 
 from .procs import forget_child, register_child
 from .rundir import KEEP_DIRS_ENV, run_dir

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
 
-from hrwcron.children import die_with_parent
+from hrwcron.process.children import die_with_parent
 
 from .rundir import register_process, run_dir
 

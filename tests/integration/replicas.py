@@ -15,15 +15,15 @@ import nats
 from nats.aio.client import Client
 
 from harness import wait_for_async
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs
+from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
+from hrwcron.adapters.jetstream.triggers import JetStreamTriggers
 from hrwcron.admin import AdminClient
-from hrwcron.app import Replica, start_replica
-from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
-from hrwcron.jetstream.kv import JetStreamJobs
-from hrwcron.jetstream.pipeline import JetStreamPipeline
-from hrwcron.jetstream.triggers import JetStreamTriggers
-from hrwcron.model import TriggerMessage
-from hrwcron.ports import NullObserver, TriggerRecord
-from hrwcron.ticks import TickId
+from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
+from hrwcron.core.model import TriggerMessage
+from hrwcron.core.ticks import TickId
+from hrwcron.engine.ports import NullObserver, TriggerRecord
+from hrwcron.process.app import Replica, start_replica
 
 
 class Recorder(NullObserver):

@@ -14,9 +14,9 @@ from nats.js.errors import NotFoundError
 
 from harness import NatsServer, ReplicaProcess, wait_for_async
 from harness.ackjournal import ACK_JOURNAL_ENV, find_lost_acks, read_journals, script_path
-from hrwcron.app import open_stores
-from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
-from hrwcron.model import JobSpec
+from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
+from hrwcron.core.model import JobSpec
+from hrwcron.process.app import open_stores
 
 from .test_hostile_jobs import HARNESS_ENV
 

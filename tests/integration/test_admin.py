@@ -16,8 +16,8 @@ import pytest
 from harness import wait_for_async
 from hrwcron.admin import VERBS, AdminError
 from hrwcron.admin.api import ErrorReply
-from hrwcron.model import JobSpec
-from hrwcron.ticks import TickId, format_ms
+from hrwcron.core.model import JobSpec
+from hrwcron.core.ticks import TickId, format_ms
 
 from .replicas import Cluster, bodies, scheduled_dues
 

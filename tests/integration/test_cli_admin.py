@@ -15,9 +15,9 @@ import pytest
 import xxhash
 
 from harness import NatsServer, wait_for_async
-from hrwcron.model import JobSpec
-from hrwcron.schedule import Schedule
-from hrwcron.ticks import format_ms
+from hrwcron.core.model import JobSpec
+from hrwcron.core.schedule import Schedule
+from hrwcron.core.ticks import format_ms
 
 from .replicas import Cluster
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from harness import NatsServer, wait_for_async
-from hrwcron.model import JobSpec
+from hrwcron.core.model import JobSpec
 
 from .replicas import Cluster
 from .test_cli_admin import hrwcron

@@ -23,10 +23,10 @@ import pytest
 import trustme
 
 from harness import NatsServer, ReplicaProcess
-from hrwcron.app import start_replica
-from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
-from hrwcron.model import JobSpec
-from hrwcron.ports import NullObserver
+from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
+from hrwcron.core.model import JobSpec
+from hrwcron.engine.ports import NullObserver
+from hrwcron.process.app import start_replica
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "worker.py"

@@ -17,9 +17,9 @@ import pytest
 from nats.aio.client import Client
 
 from harness import NatsServer, ReplicaProcess, wait_for_async
-from hrwcron.app import open_stores
-from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
-from hrwcron.model import JobSpec, encode
+from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
+from hrwcron.core.model import JobSpec, encode
+from hrwcron.process.app import open_stores
 
 DEADLINE = 30.0
 # Read by the test harness only; a replica refuses unknown HRWCRON_* variables.

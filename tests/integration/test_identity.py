@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from harness import wait_for_async
+from hrwcron.adapters.jetstream.jobs import SUBJECT_CLAIM, JetStreamJobs, SubjectClaim
+from hrwcron.adapters.jetstream.kv import conditional_put
 from hrwcron.admin import AdminError
-from hrwcron.errors import SubjectTakenError
-from hrwcron.jetstream.kv import SUBJECT_CLAIM, JetStreamJobs, SubjectClaim, conditional_put
-from hrwcron.model import JobSpec, encode
+from hrwcron.core.errors import SubjectTakenError
+from hrwcron.core.model import JobSpec, encode
 
 from .replicas import Cluster
 

@@ -23,13 +23,13 @@ from nats.js.errors import NotFoundError
 
 from harness import NatsServer, ReplicaProcess, wait_for_async
 from hrwcron.admin import AdminClient, AdminError
-from hrwcron.model import (
+from hrwcron.core.model import (
     DEFAULT_MAX_PAYLOAD,
     MAX_PAYLOAD_DEPTH,
     MAX_SUBJECT_LENGTH,
     MAX_SUBJECT_TOKENS,
 )
-from hrwcron.schedule import MAX_EVERY_MS, MAX_EXPRESSION_LENGTH
+from hrwcron.core.schedule import MAX_EVERY_MS, MAX_EXPRESSION_LENGTH
 
 from .test_hostile_jobs import HTTP_AT, http_get, replica
 

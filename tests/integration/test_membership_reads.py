@@ -10,9 +10,9 @@ no consumer at all."""
 from __future__ import annotations
 
 from harness import NatsServer
-from hrwcron.app import open_stores
-from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
-from hrwcron.model import Heartbeat
+from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
+from hrwcron.core.model import Heartbeat
+from hrwcron.process.app import open_stores
 
 
 def heartbeat(node: str) -> Heartbeat:

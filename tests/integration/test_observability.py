@@ -20,10 +20,10 @@ from nats.js.errors import NoKeysError
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import NatsServer, wait_for_async
-from hrwcron.app import Replica, start_replica
-from hrwcron.config import Config, HttpConfig, NatsConfig, SchedulerConfig
-from hrwcron.errors import HrwcronError
-from hrwcron.model import JobSpec
+from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
+from hrwcron.core.errors import HrwcronError
+from hrwcron.core.model import JobSpec
+from hrwcron.process.app import Replica, start_replica
 
 CHROMIUM = "/usr/bin/chromium"
 STREAM = "HRWCRON_TRIGGERS"

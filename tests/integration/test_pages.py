@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from harness import wait_for_async
-from hrwcron.model import JobSpec
+from hrwcron.core.model import JobSpec
 
 from .replicas import Cluster
 from .test_cli_admin import hrwcron

@@ -16,11 +16,11 @@ from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StreamConfig
 
 from harness import NatsServer, wait_for_async
+from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
+from hrwcron.adapters.jetstream.triggers import JetStreamTriggers
 from hrwcron.admin import AdminClient, AdminError
-from hrwcron.jetstream.pipeline import JetStreamPipeline
-from hrwcron.jetstream.triggers import JetStreamTriggers
-from hrwcron.model import JobSpec, encode
-from hrwcron.ports import StoreRefused
+from hrwcron.core.model import JobSpec, encode
+from hrwcron.engine.ports import StoreRefused
 
 from .test_cli_admin import hrwcron
 from .test_hostile_jobs import HTTP_AT, http_get, replica

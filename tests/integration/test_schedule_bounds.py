@@ -27,12 +27,12 @@ import pytest
 
 from harness import NatsServer, wait_for_async
 from harness.chaos import ReplicaFleet, TriggerLog, now_ms, wait_until_ms
-from hrwcron import hrw
 from hrwcron.admin import AdminClient, AdminError
-from hrwcron.app import Stores, open_stores
-from hrwcron.model import JobSpec
-from hrwcron.ports import HEADER_RUN
-from hrwcron.ticks import format_ms
+from hrwcron.core import hrw
+from hrwcron.core.model import JobSpec
+from hrwcron.core.ticks import format_ms
+from hrwcron.engine.ports import HEADER_RUN
+from hrwcron.process.app import Stores, open_stores
 
 from .replicas import Cluster
 

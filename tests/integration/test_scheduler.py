@@ -30,9 +30,9 @@ from harness.chaos import (
     summary,
     wait_until_ms,
 )
-from hrwcron import hrw
-from hrwcron.app import Stores, open_stores
-from hrwcron.model import JobSpec
+from hrwcron.core import hrw
+from hrwcron.core.model import JobSpec
+from hrwcron.process.app import Stores, open_stores
 
 STREAM = "HRWCRON_TRIGGERS"
 NODES = ["r0", "r1", "r2"]

@@ -24,9 +24,9 @@ import trustme
 from nats.aio.client import Client
 
 from harness import NatsServer, ReplicaProcess, wait_for_async
-from hrwcron.config import load_config
-from hrwcron.http import HttpServer
-from hrwcron.model import JobSpec, encode
+from hrwcron.adapters.http import HttpServer
+from hrwcron.core.config import load_config
+from hrwcron.core.model import JobSpec, encode
 
 DEADLINE = 30.0
 USER = "hrwcron"

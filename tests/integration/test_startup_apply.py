@@ -16,13 +16,13 @@ import nats
 import pytest
 
 from harness import NatsServer, wait_for_async
-from hrwcron.app import Replica, start_replica
-from hrwcron.config import Config
-from hrwcron.jetstream.kv import JetStreamJobs
-from hrwcron.jobsync import apply_at_start
-from hrwcron.memory import MemoryJobs
-from hrwcron.model import JobSpec, encode
-from hrwcron.ports import NullObserver
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs
+from hrwcron.adapters.memory import MemoryJobs
+from hrwcron.core.config import Config
+from hrwcron.core.model import JobSpec, encode
+from hrwcron.engine.jobsync import apply_at_start
+from hrwcron.engine.ports import NullObserver
+from hrwcron.process.app import Replica, start_replica
 
 from .replicas import replica_config
 

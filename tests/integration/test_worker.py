@@ -20,8 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from harness import wait_for_async
-from hrwcron.app import open_stores
-from hrwcron.model import JobSpec
+from hrwcron.core.model import JobSpec
+from hrwcron.process.app import open_stores
 from hrwcron.worker import DONE, Processed, Trigger, Worker
 
 from .replicas import Cluster, replica_config, scheduled_dues

@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry
 from harness import NatsServer, TcpProxy, wait_for_async
 from harness.workers import read_runs, worker_process
 from hrwcron import worker as sdk
-from hrwcron.app import open_stores
-from hrwcron.errors import HrwcronError
-from hrwcron.failpoints import ENV as FAILPOINTS
-from hrwcron.jetstream.kv import JetStreamRuns
+from hrwcron.adapters.jetstream.claims import JetStreamRuns
+from hrwcron.core.errors import HrwcronError
+from hrwcron.engine.failpoints import ENV as FAILPOINTS
+from hrwcron.process.app import open_stores
 from hrwcron.worker import DONE, Processed, Trigger, Worker
 
 from .replicas import replica_config

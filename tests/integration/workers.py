@@ -7,7 +7,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 
-from hrwcron.model import TriggerMessage, encode
+from hrwcron.core.model import TriggerMessage, encode
 
 STREAM = "HRWCRON_TRIGGERS"
 

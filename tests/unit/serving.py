@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from hrwcron.adapters.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.admin.service import AdminService
-from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
-from hrwcron.ports import NullObserver
-from hrwcron.scheduler import Scheduler, Settings
+from hrwcron.engine.ports import NullObserver
+from hrwcron.engine.scheduler import Scheduler, Settings
 
 SETTINGS = Settings(node_id="t", heartbeat_interval=0.2, member_ttl=1.0, shutdown_timeout=1.0)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hrwcron.adapters.memory import MemoryTriggers
 from hrwcron.admin.api import (
     REQUEST_TYPES,
     VERBS,
@@ -13,8 +14,7 @@ from hrwcron.admin.api import (
     manual_id_problem,
 )
 from hrwcron.cli import main
-from hrwcron.memory import MemoryTriggers
-from hrwcron.ports import HEADER_MSG_ID
+from hrwcron.engine.ports import HEADER_MSG_ID
 
 
 def test_every_verb_has_a_request_type() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
+from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin.api import BulkResult
-from hrwcron.memory import MemoryJobs
-from hrwcron.model import JobSpec
+from hrwcron.core.model import JobSpec
 
 from .serving import serving
 from .test_limits import call

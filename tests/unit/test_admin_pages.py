@@ -8,10 +8,10 @@ import re
 
 import msgspec
 
-from hrwcron.admin import service as admin_service
+from hrwcron.adapters.memory import MemoryJobs
+from hrwcron.admin import replies as admin_replies
 from hrwcron.admin.api import ErrorBody, ErrorReply, JobList, ProblemBody
-from hrwcron.memory import MemoryJobs
-from hrwcron.model import JobSpec
+from hrwcron.core.model import JobSpec
 
 from .serving import serving
 from .test_limits import call, refusal
@@ -40,7 +40,7 @@ def test_error_replies_are_cut_to_their_limit_whatever_they_hold() -> None:
         problems=[ProblemBody(field="x" * 1000, message="y" * 100_000)] * 1000,
     )
     for limit in (2_000, 10_000, 100_000):
-        data = admin_service._error_reply(body, limit)
+        data = admin_replies.error_reply(body, limit)
         assert len(data) <= limit
         decoded = msgspec.json.decode(data, type=ErrorReply).error
         assert decoded.code == "bad_request" and decoded.message.startswith("mmm")

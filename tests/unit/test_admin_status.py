@@ -9,11 +9,11 @@ import msgspec
 import pytest
 
 from harness import wait_for_async
+from hrwcron.adapters.memory import MemoryJobs
+from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.api import JobList, StatusReply
-from hrwcron.memory import MemoryJobs
-from hrwcron.model import JobSpec
-from hrwcron.status import ReplicaStatus
-from hrwcron.telemetry import Telemetry
+from hrwcron.admin.status import ReplicaStatus
+from hrwcron.core.model import JobSpec
 
 from .serving import engine, serving
 from .test_limits import call, refusal

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hrwcron.ticks import CLAIM_DUE, CLAIM_MANUAL, TickId, claim_key, manual_claim_key
+from hrwcron.core.ticks import CLAIM_DUE, CLAIM_MANUAL, TickId, claim_key, manual_claim_key
 
 
 def test_the_reported_claim_key_collision_is_gone() -> None:

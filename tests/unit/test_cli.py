@@ -13,7 +13,7 @@ import xxhash
 
 from hrwcron import __version__
 from hrwcron.cli import format_instant, main
-from hrwcron.hrw import rank, weighted_rank
+from hrwcron.core.hrw import rank, weighted_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "hrwcron.toml"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hrwcron.clock import Clock
-from hrwcron.ports import ServerTime
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.ports import ServerTime
 
 
 class Clocks:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
-from hrwcron.config import (
+from hrwcron.cli import main
+from hrwcron.core.config import (
     Config,
     ConfigFileError,
     config_warnings,
@@ -15,7 +17,8 @@ from hrwcron.config import (
     parse_config,
     redact_url,
 )
-from hrwcron.errors import ConfigError
+from hrwcron.core.errors import ConfigError
+from hrwcron.process.host import node_id
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hrwcron.toml"
 
@@ -47,7 +50,9 @@ def test_defaults_without_file() -> None:
     assert cfg.nats.name == "hrwcron"
     assert cfg.nats.tls_handshake_first is False
     s = cfg.scheduler
-    assert s.node_id == default_node_id()
+    # Left empty by the configuration; the process fills in the host's name.
+    assert s.node_id == ""
+    assert node_id(cfg) == default_node_id(socket.gethostname())
     assert (s.weight, s.tags) == (1.0, [])
     assert (s.heartbeat_interval, s.member_ttl, s.failover_step) == (1.0, 3.0, 1.0)
     assert (s.claim_lease, s.max_clock_skew, s.membership_refresh) == (2.0, 1.0, 1.0)
@@ -74,6 +79,18 @@ def test_defaults_without_file() -> None:
     )
     assert cfg.jobs == []
     assert config_warnings(cfg) == []
+
+
+def test_check_config_names_the_host_when_the_file_names_no_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The configuration leaves the node id empty; the command must still show the one the
+    # replica would use, not an empty one.
+    path = tmp_path / "c.toml"
+    path.write_text("")
+    assert main(["check-config", "--no-env", str(path)]) == 0
+    expected = default_node_id(socket.gethostname())
+    assert capsys.readouterr().out.strip() == f"{path}: OK: 0 jobs, node id {expected}"
 
 
 def test_empty_file_is_the_defaults() -> None:
@@ -633,7 +650,7 @@ delete_after = "1h"
 
 
 def test_claims_storage_follows_storage_memory_and_its_own_setting() -> None:
-    from hrwcron.jetstream.provision import Layout, StorageType
+    from hrwcron.adapters.jetstream.provision import Layout, StorageType
 
     assert Layout().claims_storage_type == StorageType.MEMORY
     assert Layout(claims_storage="file").claims_storage_type == StorageType.FILE

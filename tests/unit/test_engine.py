@@ -20,10 +20,12 @@ import pytest
 
 from harness import wait_for_async
 from harness.chaos import Trigger, describe, find_violations, parse_trigger
-from hrwcron import hrw
-from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
-from hrwcron.model import ClaimRecord, Heartbeat, JobSpec
-from hrwcron.ports import (
+from hrwcron.adapters.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.core import hrw
+from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
+from hrwcron.core.schedule import field_hash
+from hrwcron.core.ticks import manual_claim_key
+from hrwcron.engine.ports import (
     HEADER_JOB,
     HEADER_MSG_ID,
     LastTrigger,
@@ -31,9 +33,7 @@ from hrwcron.ports import (
     NullObserver,
     Published,
 )
-from hrwcron.schedule import field_hash
-from hrwcron.scheduler import Scheduler, Settings
-from hrwcron.ticks import manual_claim_key
+from hrwcron.engine.scheduler import Scheduler, Settings
 
 MEMBER_TTL = 0.8
 FAST = Settings(
@@ -565,7 +565,7 @@ async def test_a_herd_beyond_max_in_flight_queues_and_every_tick_fires(cluster: 
     start = await cluster.put(*jobs)
     replica = await cluster.start("a", max_in_flight=3)
     counting = SlowCountingClaims(cluster.claims)
-    replica.scheduler._claims = counting
+    replica.scheduler._dispatcher.claims = counting
     end = second_after(now_ms(), 2)
     await cluster.run_until(jobs, end)
     assert cluster.violations(jobs, (start, end)) == ""

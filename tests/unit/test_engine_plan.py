@@ -17,10 +17,17 @@ import msgspec
 import pytest
 
 from harness import wait_for_async
-from hrwcron import hrw
-from hrwcron.memory import MemoryClaims, MemoryCounts, MemoryJobs, MemoryMembers, MemoryTriggers
-from hrwcron.model import JobSpec
-from hrwcron.ports import (
+from hrwcron.adapters.memory import (
+    MemoryClaims,
+    MemoryCounts,
+    MemoryJobs,
+    MemoryMembers,
+    MemoryTriggers,
+)
+from hrwcron.core import hrw
+from hrwcron.core.model import JobSpec
+from hrwcron.core.ticks import format_ms, manual_claim_key
+from hrwcron.engine.ports import (
     HEADER_KIND,
     HEADER_MSG_ID,
     HEADER_RUN,
@@ -28,8 +35,7 @@ from hrwcron.ports import (
     Published,
     TriggerWrite,
 )
-from hrwcron.scheduler import Scheduler, Settings
-from hrwcron.ticks import format_ms, manual_claim_key
+from hrwcron.engine.scheduler import Scheduler, Settings
 
 FAST = Settings(
     node_id="",
@@ -417,6 +423,6 @@ async def test_editing_the_window_never_fires_an_instant_from_before_the_edit(
 
 
 def test_outcome_names_are_exported() -> None:
-    from hrwcron.telemetry import OUTCOMES
+    from hrwcron.adapters.telemetry import OUTCOMES
 
     assert {"excluded", "max_runs"} <= set(OUTCOMES)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 
 from harness import wait_for_async
-from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
-from hrwcron.ports import MemberRecord, NullObserver
-from hrwcron.scheduler import Scheduler, Settings
+from hrwcron.adapters.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.engine.ports import MemberRecord, NullObserver
+from hrwcron.engine.scheduler import Scheduler, Settings
 
 SETTINGS = Settings(
     node_id="solo",

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from hrwcron.adapters.jetstream.triggers import _last
+from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin.api import REQUEST_TYPES, ErrorReply, RequestProblem, decode_request
-from hrwcron.config import ConfigFileError, parse_config
-from hrwcron.errors import JobSpecError, Problem
-from hrwcron.jetstream.triggers import _last
-from hrwcron.memory import MemoryJobs
-from hrwcron.model import DEFAULT_MAX_PAYLOAD, JobSpec, TriggerMessage, decode_job
-from hrwcron.ports import HEADER_MSG_ID, HEADER_WATERMARK
+from hrwcron.core.config import ConfigFileError, parse_config
+from hrwcron.core.errors import JobSpecError, Problem
+from hrwcron.core.model import DEFAULT_MAX_PAYLOAD, JobSpec, TriggerMessage, decode_job
+from hrwcron.engine.ports import HEADER_MSG_ID, HEADER_WATERMARK
 
 from .serving import serving
 

@@ -17,7 +17,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hrwcron import hrw
+from hrwcron.core import hrw
 
 VECTORS_DIR = Path(__file__).resolve().parent.parent / "vectors"
 

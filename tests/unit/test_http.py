@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from hrwcron.http import PAGE_CSP, HttpServer, parse_listen, render_page
+from hrwcron.adapters.http import PAGE_CSP, HttpServer, parse_listen, render_page
 
 HOSTILE = '<script>document.title="pwned"</script><img src=x onerror=alert(1)>"\'&'
 

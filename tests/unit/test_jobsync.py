@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from hrwcron.jobsync import apply_diff, diff_jobs
-from hrwcron.memory import MemoryJobs
-from hrwcron.model import JobSpec
-from hrwcron.ticks import parse_instant
+from hrwcron.adapters.memory import MemoryJobs
+from hrwcron.core.model import JobSpec
+from hrwcron.core.ticks import parse_instant
+from hrwcron.engine.jobsync import apply_diff, diff_jobs
 
 NOW = parse_instant("2026-06-01T12:00:00Z")
 

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin import service as admin_service
 from hrwcron.admin.api import (
     REQUEST_TYPES,
@@ -18,11 +19,9 @@ from hrwcron.admin.api import (
     RequestProblem,
     decode_request,
 )
-from hrwcron.app import check_max_payload
-from hrwcron.config import ConfigFileError, config_warnings, parse_config
-from hrwcron.errors import NatsSetupError, ScheduleError
-from hrwcron.memory import MemoryJobs
-from hrwcron.model import (
+from hrwcron.core.config import ConfigFileError, config_warnings, parse_config
+from hrwcron.core.errors import NatsSetupError, ScheduleError
+from hrwcron.core.model import (
     MAX_PAYLOAD_DEPTH,
     MAX_SUBJECT_LENGTH,
     MAX_SUBJECT_TOKENS,
@@ -31,8 +30,9 @@ from hrwcron.model import (
     decode_job,
     json_depth,
 )
-from hrwcron.schedule import MAX_EVERY_MS, MAX_EXPRESSION_LENGTH, Schedule
-from hrwcron.ticks import format_ms
+from hrwcron.core.schedule import MAX_EVERY_MS, MAX_EXPRESSION_LENGTH, Schedule
+from hrwcron.core.ticks import format_ms
+from hrwcron.process.app import check_max_payload
 
 from .serving import serving
 

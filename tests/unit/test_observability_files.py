@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hrwcron.telemetry import Telemetry
+from hrwcron.adapters.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "hrwcron-dashboard.json"

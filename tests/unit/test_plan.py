@@ -13,11 +13,11 @@ from itertools import islice
 
 import pytest
 
-from hrwcron.errors import ScheduleError
-from hrwcron.model import JobSpec
-from hrwcron.plan import TickPlan, parse_exclusion
-from hrwcron.schedule import Schedule, instant_of_wall, wall_ms
-from hrwcron.ticks import format_ms, to_ms
+from hrwcron.core.errors import ScheduleError
+from hrwcron.core.model import JobSpec
+from hrwcron.core.plan import TickPlan, parse_exclusion
+from hrwcron.core.schedule import Schedule, instant_of_wall, wall_ms
+from hrwcron.core.ticks import format_ms, to_ms
 
 
 def ms(text: str) -> int:

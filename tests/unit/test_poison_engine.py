@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from harness import wait_for_async
-from hrwcron import scheduler as scheduler_module
-from hrwcron.errors import ScheduleError
-from hrwcron.jetstream.pipeline import message_size
-from hrwcron.memory import MemoryTriggers
-from hrwcron.model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode
-from hrwcron.ports import (
+from hrwcron.adapters.jetstream.pipeline import message_size
+from hrwcron.adapters.memory import MemoryTriggers
+from hrwcron.core.errors import ScheduleError
+from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode
+from hrwcron.core.ticks import format_ms, manual_claim_key
+from hrwcron.engine import jobs as jobs_module
+from hrwcron.engine.ports import (
     HEADER_DUE,
     HEADER_JOB,
     HEADER_KIND,
@@ -27,7 +28,6 @@ from hrwcron.ports import (
     StoreRefused,
     TriggerWrite,
 )
-from hrwcron.ticks import format_ms, manual_claim_key
 
 from .test_engine import Cluster, every_second, now_ms, second_after
 
@@ -148,14 +148,14 @@ async def test_a_manual_trigger_that_was_not_published_gives_its_claim_back(
 async def test_a_job_the_engine_cannot_plan_is_skipped_and_the_watch_goes_on(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_first_due = scheduler_module.first_due
+    real_first_due = jobs_module.first_due
 
     def first_due(plan: Any, **kwargs: Any) -> int:
         if plan.schedule.expr == "@every 7s":
             raise ScheduleError("instant: 1e20 ms is outside the supported years 1800-8999")
         return real_first_due(plan, **kwargs)
 
-    monkeypatch.setattr(scheduler_module, "first_due", first_due)
+    monkeypatch.setattr(jobs_module, "first_due", first_due)
     bad, good = JobSpec(name="unplannable", schedule="@every 7s"), every_second("good")
     await cluster.put(bad, good)
     (replica,) = await cluster.start_all(["a"])

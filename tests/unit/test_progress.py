@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from hrwcron.progress import SHOW_AFTER_S, Progress
-from hrwcron.recent import RecentCounts
+from hrwcron.cli.progress import SHOW_AFTER_S, Progress
+from hrwcron.engine.recent import RecentCounts
 
 
 class Terminal(io.StringIO):

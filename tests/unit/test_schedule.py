@@ -12,9 +12,9 @@ from itertools import islice, pairwise
 import pytest
 import xxhash
 
-from hrwcron.errors import ScheduleError
-from hrwcron.schedule import Schedule, jitter_ms, parse_duration
-from hrwcron.ticks import format_ms, to_ms
+from hrwcron.core.errors import ScheduleError
+from hrwcron.core.schedule import Schedule, jitter_ms, parse_duration
+from hrwcron.core.ticks import format_ms, to_ms
 
 
 def ms(text: str) -> int:

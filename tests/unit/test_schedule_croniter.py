@@ -13,7 +13,7 @@ from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hrwcron.schedule import Schedule
+from hrwcron.core.schedule import Schedule
 
 # Fields whose day parts never start with '*/' (croniter treats those as restricted).
 MINUTES = st.sampled_from(["0", "*/5", "15,45", "10-20", "*", "7"])

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from hrwcron.errors import ScheduleError
-from hrwcron.hrw import score
-from hrwcron.model import JobSpec
-from hrwcron.schedule import Schedule, field_hash
-from hrwcron.ticks import format_ms, to_ms
+from hrwcron.core.errors import ScheduleError
+from hrwcron.core.hrw import score
+from hrwcron.core.model import JobSpec
+from hrwcron.core.schedule import Schedule, field_hash
+from hrwcron.core.ticks import format_ms, to_ms
 
 
 def ms(text: str) -> int:

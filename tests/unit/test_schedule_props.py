@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from xxhash import xxh3_64_intdigest
 
-from hrwcron.errors import ScheduleError
-from hrwcron.schedule import Schedule
+from hrwcron.core.errors import ScheduleError
+from hrwcron.core.schedule import Schedule
 
 ZONES = [
     "UTC",

@@ -18,12 +18,12 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from harness import wait_for_async
-from hrwcron.logs import JsonFormatter
-from hrwcron.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
-from hrwcron.model import JobSpec
-from hrwcron.ports import HEADER_MSG_ID, LastTrigger, NullSpan
-from hrwcron.scheduler import Scheduler, Settings
-from hrwcron.telemetry import OUTCOMES, Telemetry, tracer_provider_from_env
+from hrwcron.adapters.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.adapters.telemetry import OUTCOMES, Telemetry, tracer_provider_from_env
+from hrwcron.core.model import JobSpec
+from hrwcron.engine.ports import HEADER_MSG_ID, LastTrigger, NullSpan
+from hrwcron.engine.scheduler import Scheduler, Settings
+from hrwcron.process.logs import JsonFormatter
 
 
 class FakeMonotonic:

@@ -17,8 +17,8 @@ from harness.chaos import (
     find_violations,
     parse_trigger,
 )
-from hrwcron.model import JobSpec
-from hrwcron.schedule import jitter_ms
+from hrwcron.core.model import JobSpec
+from hrwcron.core.schedule import jitter_ms
 
 JOB = JobSpec(name="j", schedule="@every 1s", max_lateness=5)
 T0 = 1_800_000_000_000

@@ -13,8 +13,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from hrwcron.schedule import Schedule, field_hash
-from hrwcron.ticks import format_ms
+from hrwcron.core.schedule import Schedule, field_hash
+from hrwcron.core.ticks import format_ms
 
 VECTORS = Path(__file__).with_name("cron_hash_vectors.json")
 

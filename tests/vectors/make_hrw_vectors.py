@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hrwcron import hrw
+from hrwcron.core import hrw
 
 VECTORS = Path(__file__).with_name("hrw_vectors.json")
 

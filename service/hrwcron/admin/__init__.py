@@ -1,7 +1,7 @@
 """The admin API: a NATS micro service inside every replica, and its client."""
 
-from .api import ADMIN_PREFIX, QUEUE_GROUP, SERVICE_NAME, VERBS
-from .client import AdminClient, AdminError, ApiJobs
+from hrwcron.admin.api import ADMIN_PREFIX, QUEUE_GROUP, SERVICE_NAME, VERBS
+from hrwcron.admin.client import AdminClient, AdminError, ApiJobs
 
 __all__ = [
     "ADMIN_PREFIX",

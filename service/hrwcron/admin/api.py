@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from ..model import MAX_PAYLOAD_DEPTH, JobSpec
+from hrwcron.core.model import MAX_PAYLOAD_DEPTH, JobSpec
 
 ADMIN_PREFIX = "hrwcron.admin"
 SERVICE_NAME = "hrwcron"
@@ -69,7 +69,7 @@ def subject(verb: str, prefix: str = ADMIN_PREFIX) -> str:
 
 def manual_id_problem(value: str) -> str | None:
     """Why ``value`` cannot be a manual trigger id: it is one token of the tick key and of
-    the claim key (see :func:`hrwcron.ticks.claim_key`)."""
+    the claim key (see :func:`hrwcron.core.ticks.claim_key`)."""
     if not _MANUAL_ID.fullmatch(value):
         return f"{value[:80]!r} is not a valid trigger id; {MANUAL_ID_RULE}"
     return None

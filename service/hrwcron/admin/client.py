@@ -11,32 +11,38 @@ from nats.aio.client import Client
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from ..errors import ConflictError, HrwcronError
-from ..model import JobSpec
-from ..ports import JobEvent
-from .api import (
+from hrwcron.admin.api import (
     ADMIN_PREFIX,
-    MAX_BULK,
     MAX_LIST,
     BackfillResult,
     BulkResult,
     DeleteResult,
-    ErrorReply,
     HistoryReply,
     JobEntry,
     JobList,
     JobOutcome,
     PauseResult,
-    ProblemBody,
     PutResult,
     StatusReply,
     TriggerResult,
     subject,
 )
+from hrwcron.admin.bulk_items import chunks, delete_item, oversized, put_item, too_big
+from hrwcron.admin.client_errors import (
+    ERROR_CODE_HEADER,
+    AdminError,
+    Refused,
+    error_from_reply,
+    unanswered,
+)
+from hrwcron.core.errors import ConflictError
+from hrwcron.core.model import JobSpec
+from hrwcron.engine.ports import JobEvent
+
+__all__ = ["AdminClient", "AdminError", "ApiJobs"]
 
 R = TypeVar("R", bound=msgspec.Struct)
 
-ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 # A bulk request carries at most this much (and never more than the server's max_payload
 # allows): big enough that per-request costs vanish, small enough that a few are in flight at
 # once and progress moves steadily.
@@ -51,31 +57,6 @@ BULK_TIMEOUT = 60.0
 LOADING_PATIENCE = 120.0
 FIRST_RETRY_S = 0.2
 MAX_RETRY_S = 2.0
-
-
-class AdminError(HrwcronError):
-    """An error reply (or no reply at all): ``code`` says whose problem it is."""
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        field: str = "",
-        problems: Sequence[tuple[str, str]] = (),
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
-        self.problems = list(problems)
-
-
-class _Refused(Exception):
-    """An error reply: the replica answered, so the request reached it and was turned down."""
-
-    def __init__(self, error: AdminError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 class AdminClient:
@@ -111,7 +92,7 @@ class AdminClient:
         while True:
             try:
                 return await self._call_once(verb, data, reply_type, timeout)
-            except _Refused as exc:
+            except Refused as exc:
                 if exc.error.code != "unavailable" or loop.time() + pause > give_up:
                     raise exc.error from None
             await asyncio.sleep(pause)
@@ -140,7 +121,7 @@ class AdminClient:
             raise AdminError("unavailable", f"no answer on {where} within {wait:g} s") from None
         headers = reply.headers or {}
         if ERROR_CODE_HEADER in headers:
-            raise _Refused(_error(reply.data, headers))
+            raise Refused(error_from_reply(reply.data, headers))
         try:
             return msgspec.json.decode(reply.data, type=reply_type)
         except msgspec.MsgspecError as exc:
@@ -231,11 +212,11 @@ class AdminClient:
         put_answers: list[JobOutcome | None] = [None] * len(puts)
         delete_answers: list[JobOutcome | None] = [None] * len(deletes)
         requests: list[tuple[list[int], list[int]]] = []
-        for index, size in _oversized(put_items, budget):
-            put_answers[index] = _too_big(puts[index][0].name, size, self.client.max_payload)
+        for index, size in oversized(put_items, budget):
+            put_answers[index] = too_big(puts[index][0].name, size, self.client.max_payload)
         fitting = [i for i, answer in enumerate(put_answers) if answer is None]
-        requests += [(chunk, []) for chunk in _chunks(put_items, fitting, budget)]
-        requests += [([], chunk) for chunk in _chunks(delete_items, range(len(deletes)), budget)]
+        requests += [(chunk, []) for chunk in chunks(put_items, fitting, budget)]
+        requests += [([], chunk) for chunk in chunks(delete_items, range(len(deletes)), budget)]
         slots = asyncio.Semaphore(in_flight)
         done = 0
 
@@ -253,7 +234,7 @@ class AdminClient:
                 except AdminError as exc:
                     names = [puts[i][0].name for i in put_indexes]
                     names += [deletes[i][0] for i in delete_indexes]
-                    answers = [_unanswered(name, exc) for name in names]
+                    answers = [unanswered(name, exc) for name in names]
             for index, answer in zip(put_indexes, answers, strict=False):
                 put_answers[index] = answer
             for index, answer in zip(delete_indexes, answers[len(put_indexes) :], strict=False):
@@ -265,8 +246,8 @@ class AdminClient:
         await asyncio.gather(*(send(p, d) for p, d in requests))
         missing = AdminError("internal", "the replica's answer left this job out")
         return (
-            [a or _unanswered(puts[i][0].name, missing) for i, a in enumerate(put_answers)],
-            [a or _unanswered(deletes[i][0], missing) for i, a in enumerate(delete_answers)],
+            [a or unanswered(puts[i][0].name, missing) for i, a in enumerate(put_answers)],
+            [a or unanswered(deletes[i][0], missing) for i, a in enumerate(delete_answers)],
         )
 
     async def delete_job(self, name: str, revision: int | None = None) -> DeleteResult:
@@ -372,78 +353,6 @@ class AdminClient:
             if not page.next or len(reply.triggers) >= limit:
                 return reply
             before = page.next
-
-
-def put_item(spec: JobSpec, revision: int | None) -> bytes:
-    """One item of a ``jobs.bulk`` request's ``jobs``, as JSON."""
-    item: dict[str, Any] = {"spec": spec}
-    if revision is not None:
-        item["revision"] = revision
-    return msgspec.json.encode(item)
-
-
-def delete_item(name: str, revision: int | None) -> bytes:
-    item: dict[str, Any] = {"name": name}
-    if revision is not None:
-        item["revision"] = revision
-    return msgspec.json.encode(item)
-
-
-def _oversized(items: Sequence[bytes], budget: int) -> list[tuple[int, int]]:
-    return [(i, len(item)) for i, item in enumerate(items) if len(item) + 1 > budget]
-
-
-def _chunks(items: Sequence[bytes], indexes: Sequence[int], budget: int) -> list[list[int]]:
-    """``indexes`` in order, cut into runs whose items (and a comma each) fit ``budget``."""
-    found: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    for index in indexes:
-        size = len(items[index]) + 1
-        if current and (used + size > budget or len(current) >= MAX_BULK):
-            found.append(current)
-            current, used = [], 0
-        current.append(index)
-        used += size
-    if current:
-        found.append(current)
-    return found
-
-
-def _too_big(name: str, size: int, max_payload: int) -> JobOutcome:
-    message = (
-        f"the spec is {size} bytes as JSON; with a request around it that is more than the "
-        f"NATS server's max_payload ({max_payload} bytes)"
-    )
-    return JobOutcome(
-        name=name, outcome="refused", problems=[ProblemBody(field="", message=message)]
-    )
-
-
-def _unanswered(name: str, error: AdminError) -> JobOutcome:
-    """The answer for a job whose request failed as a whole."""
-    if error.code in ("bad_request", "too_large"):
-        return JobOutcome(
-            name=name,
-            outcome="refused",
-            problems=[ProblemBody(field=error.field, message=error.message)],
-        )
-    message = f"{error.message} (it may or may not have been written)"
-    return JobOutcome(
-        name=name, outcome="failed", problems=[ProblemBody(field="", message=message)]
-    )
-
-
-def _error(data: bytes, headers: dict[str, str]) -> AdminError:
-    try:
-        body = msgspec.json.decode(data, type=ErrorReply).error
-    except msgspec.MsgspecError:
-        code = headers.get(ERROR_CODE_HEADER, "")
-        message = headers.get("Nats-Service-Error", "") or f"error {code}"
-        return AdminError("internal" if code == "500" else "unavailable", message)
-    return AdminError(
-        body.code, body.message, body.field, [(p.field, p.message) for p in body.problems]
-    )
 
 
 class ApiJobs:

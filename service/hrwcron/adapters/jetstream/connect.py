@@ -1,0 +1,154 @@
+"""Connecting to NATS: every auth method, TLS, reconnect forever, and the server version check."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.client import Client
+
+from hrwcron.core.config import NatsConfig, redact_url
+from hrwcron.core.errors import NatsSetupError, ServerVersionError
+
+log = logging.getLogger("hrwcron.nats")
+
+MIN_SERVER_VERSION = (2, 11, 0)
+# Retries of an unreachable server: the first after 0.25 s, each later one twice as long
+# after the last, at most a second apart (a restarted server is back within a second).
+FIRST_RETRY_S = 0.25
+MAX_RETRY_S = 1.0
+# Connection errors repeat with every retry; one line per this many seconds says how often.
+ERROR_LOG_EVERY_S = 5.0
+
+
+class ErrorLog:
+    """Logs a repeating error at once, then at most every ``every`` seconds with a count."""
+
+    def __init__(self, every: float = ERROR_LOG_EVERY_S, now: Any = time.monotonic) -> None:
+        self._every = every
+        self._now = now
+        self._last: float | None = None
+        self._unlogged = 0
+
+    def error(self, message: str) -> None:
+        now = self._now()
+        if self._last is not None and now - self._last < self._every:
+            self._unlogged += 1
+            return
+        repeats = f" ({self._unlogged} more since the last report)" if self._unlogged else ""
+        log.warning("nats: %s%s", message, repeats)
+        self._last = now
+        self._unlogged = 0
+
+    def reset(self) -> None:
+        self._last = None
+        self._unlogged = 0
+
+
+@dataclass
+class ConnectionHooks:
+    """Called when the connection drops, before reconnecting: writes waiting for an answer
+    on the old connection will never get one."""
+
+    disconnected: list[Callable[[], None]] = field(default_factory=list)
+
+
+def tls_context(options: NatsConfig) -> ssl.SSLContext | None:
+    wants_tls = any(s.startswith("tls://") for s in options.servers)
+    if not (options.tls_ca or options.tls_cert or wants_tls):
+        return None
+    context = ssl.create_default_context(cafile=options.tls_ca or None)
+    if options.tls_cert:
+        context.load_cert_chain(options.tls_cert, options.tls_key or None)
+    return context
+
+
+async def connect(
+    options: NatsConfig, *, name_suffix: str = "", hooks: ConnectionHooks | None = None
+) -> Client:
+    """Connect with reconnect-forever and a short ping interval.
+
+    ``pending_size=0`` makes the client refuse writes while disconnected instead of buffering
+    them: a buffered claim or publish flushed after a reconnect could land long after the
+    replica gave up on it. Refused writes surface as errors the engine retries deliberately.
+
+    While the server cannot be reached, retries back off (see MAX_RETRY_S) and their errors
+    are logged every few seconds with a count, not once per attempt."""
+    client = Client()
+    errors = ErrorLog()
+
+    async def on_error(exc: Exception) -> None:
+        errors.error(str(exc) or type(exc).__name__)
+        if not client.is_connected:
+            # nats-py reads this option before every attempt: the way to back off with it.
+            wait = float(client.options.get("reconnect_time_wait", FIRST_RETRY_S))
+            client.options["reconnect_time_wait"] = min(MAX_RETRY_S, wait * 2)
+
+    async def on_disconnected() -> None:
+        for hook in hooks.disconnected if hooks else ():
+            try:
+                hook()
+            except Exception:
+                log.exception("a disconnect hook failed")
+        if not (client.is_closed or client.is_draining):
+            log.warning("nats: disconnected")
+
+    async def on_reconnected() -> None:
+        client.options["reconnect_time_wait"] = FIRST_RETRY_S
+        errors.reset()
+        url = client.connected_url.geturl() if client.connected_url else "?"
+        log.info("nats: reconnected to %s", redact_url(url))
+
+    kwargs: dict[str, Any] = dict(
+        servers=options.servers,
+        name=options.name + name_suffix,
+        connect_timeout=options.connect_timeout,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=FIRST_RETRY_S,
+        ping_interval=2,
+        max_outstanding_pings=2,
+        pending_size=0,
+        allow_reconnect=True,
+        error_cb=on_error,
+        disconnected_cb=on_disconnected,
+        reconnected_cb=on_reconnected,
+    )
+    if options.user:
+        kwargs["user"] = options.user
+        kwargs["password"] = options.password or ""
+    if options.token:
+        kwargs["token"] = options.token
+    if options.creds:
+        kwargs["user_credentials"] = options.creds
+    if options.nkey_seed:
+        kwargs["nkeys_seed"] = options.nkey_seed
+    context = tls_context(options)
+    if context is not None:
+        kwargs["tls"] = context
+        kwargs["tls_handshake_first"] = options.tls_handshake_first
+    try:
+        await client.connect(**kwargs)
+    except Exception as exc:
+        servers = ", ".join(redact_url(s) for s in options.servers)
+        reason = f"{type(exc).__name__}: {exc}"
+        raise NatsSetupError(f"cannot connect to NATS at {servers}: {reason}") from None
+    client.options["reconnect_time_wait"] = FIRST_RETRY_S
+    try:
+        check_server_version(client.connected_server_version)
+    except ServerVersionError:
+        await client.close()
+        raise
+    return client
+
+
+def check_server_version(version: Any) -> None:
+    found = (int(version.major), int(version.minor), int(version.patch))
+    if found < MIN_SERVER_VERSION:
+        raise ServerVersionError(
+            f"nats-server {'.'.join(map(str, found))} is too old: hrwcron needs "
+            f"{'.'.join(map(str, MIN_SERVER_VERSION))} or newer (per-message TTL on claims)"
+        )

@@ -1,0 +1,226 @@
+"""Reads and compare-and-set writes straight on a KV bucket's stream, shared by every
+KV-backed store (and the worker SDK): what nats-py's KeyValue cannot do or does slowly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo, DeliverPolicy
+from nats.js.errors import APIError, KeyNotFoundError, NotFoundError
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
+
+from hrwcron.adapters.jetstream.pipeline import (
+    WRONG_LAST_SEQUENCE,
+    JetStreamPipeline,
+    sequence_or_none,
+)
+from hrwcron.engine.ports import StoreUnavailable
+
+MARKER_REASON = "Nats-Marker-Reason"  # a server-placed TTL or purge marker, not a value
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+MSG_TTL = "Nats-TTL"
+
+
+def no_value(headers: dict[str, str] | None) -> bool:
+    """Whether a KV message with these headers holds no value: a delete or purge marker, or a
+    marker the server placed when a key's TTL ran out."""
+    headers = headers or {}
+    return headers.get(KV_OP) in (KV_DEL, KV_PURGE) or MARKER_REASON in headers
+
+
+async def conditional_put(
+    js: JetStreamContext, bucket: str, key: str, value: bytes, last: int, ttl: float | None
+) -> int | None:
+    """Write ``key`` only if its revision is ``last`` (0: only if absent), with a per-key TTL.
+
+    nats-py's ``KeyValue.update`` cannot carry a TTL and ``create`` retries on tombstones, so
+    both go straight to the stream with the expected-last-subject-sequence header."""
+    try:
+        ack = await js.publish(
+            f"$KV.{bucket}.{key}",
+            value,
+            headers={EXPECTED_LAST_SUBJECT_SEQ: str(last)},
+            msg_ttl=max(1, round(ttl)) if ttl else None,
+        )
+    except APIError as exc:
+        if exc.err_code in WRONG_LAST_SEQUENCE:
+            return None
+        raise
+    return int(ack.seq)
+
+
+async def conditional_delete(js: JetStreamContext, bucket: str, key: str, last: int) -> bool:
+    """Place a delete marker on ``key`` only if its revision is ``last`` (0: it has none)."""
+    try:
+        await js.publish(
+            f"$KV.{bucket}.{key}",
+            b"",
+            headers={KV_OP: KV_DEL, EXPECTED_LAST_SUBJECT_SEQ: str(last)},
+        )
+    except APIError as exc:
+        if exc.err_code in WRONG_LAST_SEQUENCE:
+            return False
+        raise
+    return True
+
+
+async def last_message(js: JetStreamContext, bucket: str, key: str) -> tuple[int, bytes | None]:
+    """The revision of ``key``'s newest message, deletions included (0 when it has none), and
+    its value (None when deleted or never written)."""
+    try:
+        msg = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
+        return 0, None
+    return int(msg.seq or 0), None if no_value(msg.headers) else (msg.data or b"")
+
+
+async def create_only(
+    js: JetStreamContext, bucket: str, key: str, value: bytes, ttl: float | None = None
+) -> int | None:
+    """Create ``key`` if it holds no value, also when a delete marker is its last message
+    (then the create is conditional on that marker's sequence). None when a value exists."""
+    revision = await conditional_put(js, bucket, key, value, 0, ttl)
+    if revision is not None:
+        return revision
+    try:
+        last = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
+        return None  # gone again meanwhile: let the caller retry
+    operation = (last.headers or {}).get(KV_OP)
+    if operation not in (KV_DEL, KV_PURGE) or last.seq is None:
+        return None
+    return await conditional_put(js, bucket, key, value, int(last.seq), ttl)
+
+
+# Compare-and-set writes of a bulk write sent as one pipelined round, and how long one round
+# may wait for its answers (the replica's own batches of ticks are far smaller and quicker).
+BULK_ROUND = 4096
+BULK_TIMEOUT = 30.0
+
+
+async def conditional_writes(
+    pipeline: JetStreamPipeline,
+    writes: Sequence[tuple[str, bytes, int]],
+    *,
+    round_size: int = BULK_ROUND,
+    timeout: float = BULK_TIMEOUT,
+) -> list[int | Exception | None]:
+    """Publish every ``(subject, value, expected last subject sequence)``, each
+    compare-and-set like :func:`conditional_put`, through the pipeline in rounds of
+    ``round_size``: the answer per write is its stream sequence, None when the expectation did
+    not hold, or the error (StoreUnavailable: it may or may not have been applied). After a
+    round with writes left unanswered, the rest is not sent: JetStream stopped answering."""
+    results: list[int | Exception | None] = []
+    for start in range(0, len(writes), round_size):
+        messages = [
+            (subject, value, {EXPECTED_LAST_SUBJECT_SEQ: str(last)})
+            for subject, value, last in writes[start : start + round_size]
+        ]
+        futures = await pipeline.publish_many(messages, sequence_or_none, timeout=timeout)
+        await asyncio.wait(futures)  # each is answered, refused or expired by the pipeline
+        answers = [_answer(future) for future in futures]
+        results += answers
+        if any(isinstance(answer, StoreUnavailable) for answer in answers):
+            unsent = StoreUnavailable("not written: JetStream stopped answering earlier writes")
+            results += [unsent] * (len(writes) - len(results))
+            break
+    return results
+
+
+def _answer(future: asyncio.Future[int | None]) -> int | Exception | None:
+    error = future.exception()
+    if error is None:
+        return future.result()
+    return error if isinstance(error, Exception) else StoreUnavailable(repr(error))
+
+
+async def entry_or_none(kv: KeyValue, key: str) -> KeyValue.Entry | None:
+    try:
+        return await kv.get(key)
+    except KeyNotFoundError:
+        return None
+
+
+def nothing_to_read(info: ConsumerInfo) -> bool:
+    """A new consumer with nothing pending and nothing delivered by the server. The client's
+    own count of delivered messages is no substitute: a message the server sent is not
+    counted until it has arrived whole, which for large ones takes a while."""
+    delivered = info.delivered.consumer_seq if info.delivered else 0
+    return (info.num_pending or 0) == 0 and not delivered
+
+
+async def snapshot(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
+    """The newest entry of every live key, read through one ordered consumer. Not nats-py's
+    watch: it announces the end of the initial values when the server had nothing pending as
+    the watch began, even while those values are still arriving, and with large values a
+    listing came back short or empty."""
+    prefix = f"$KV.{bucket}."
+    subscription = await js.subscribe(
+        f"{prefix}>",
+        stream=f"KV_{bucket}",
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+    )
+    entries: list[KeyValue.Entry] = []
+    try:
+        if nothing_to_read(await subscription.consumer_info()):
+            return entries
+        while True:
+            msg = await subscription.next_msg(timeout=5)
+            meta = msg.metadata
+            if not no_value(msg.headers):
+                entries.append(
+                    KeyValue.Entry(
+                        bucket=bucket,
+                        key=msg.subject[len(prefix) :],
+                        value=msg.data,
+                        revision=int(meta.sequence.stream),
+                        delta=meta.num_pending,
+                        created=meta.timestamp,  # type: ignore[arg-type]
+                        operation=(msg.headers or {}).get(KV_OP),
+                    )
+                )
+            if meta.num_pending == 0:
+                return entries
+    finally:
+        # On a closed connection this raises, and would replace a cancellation.
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
+
+
+async def latest(js: JetStreamContext, bucket: str) -> list[tuple[str, bytes, int]]:
+    """(key, value, revision) of every live key, read without a consumer: the key list from
+    the stream's per-subject state, then each key's last message. A consumer is a proposal to
+    the cluster's meta layer; one per replica per membership refresh piled up faster than a
+    cluster busy re-electing leaders deleted them, until consumer creation was refused
+    (maximum consumers) and every replica's membership view went stale at once."""
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(stream, subjects_filter=f"{prefix}>")
+    found: list[tuple[str, bytes, int]] = []
+    for subject in sorted(info.state.subjects or {}):
+        try:
+            msg = await js.get_last_msg(stream, subject)
+        except NotFoundError:
+            continue  # expired since the listing
+        if no_value(msg.headers):
+            continue
+        found.append((subject[len(prefix) :], msg.data or b"", int(msg.seq or 0)))
+    return found
+
+
+async def watch_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
+    watcher = await kv.watchall()
+    try:
+        async for entry in watcher:
+            yield entry
+    finally:
+        with contextlib.suppress(Exception):
+            await watcher.stop()
+
+
+def deleted(entry: KeyValue.Entry) -> bool:
+    return entry.operation in (KV_DEL, KV_PURGE)

@@ -1,0 +1,144 @@
+"""What every admin handler shares: the stores, this replica's view of the jobs, and the
+lookups in them that wait briefly for a write made through another replica."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.micro.service import Service
+
+from hrwcron.admin.api import (
+    ADMIN_PREFIX,
+)
+from hrwcron.admin.replies import CATCH_UP_S, REPLY_RESERVE, ApiError, Page
+from hrwcron.core.errors import Problem
+from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec
+from hrwcron.engine.ports import (
+    JobEvent,
+    JobsPort,
+    TriggersPort,
+)
+from hrwcron.engine.scheduler import Scheduler
+
+# Jobs a reading handler walks before it lets the event loop run ticks again.
+SLICE = 5_000
+
+
+class ServiceContext:
+    """The state and the lookups the handlers of every verb family use."""
+
+    def __init__(
+        self,
+        client: Client,
+        scheduler: Scheduler,
+        jobs: JobsPort,
+        triggers: TriggersPort,
+        *,
+        duplicate_window: float,
+        prefix: str = ADMIN_PREFIX,
+    ) -> None:
+        self._client = client
+        self._scheduler = scheduler
+        self._jobs = jobs
+        self._triggers = triggers
+        self._duplicate_window = duplicate_window
+        self.prefix = prefix
+        # Every stored job name, sorted, as of a jobs revision: pages of a listing find their
+        # place in it by bisection instead of sorting 100,000 names for each page.
+        self._names: tuple[int, list[str]] = (-1, [])
+        self._service: Service | None = None  # the micro service, once started
+
+    async def _stored(self, name: str) -> JobEvent:
+        event = await self._jobs.get(name)
+        if event is None:
+            raise ApiError("not_found", f"no job named {name!r}", "name")
+        return event
+
+    async def _loaded(self, name: str) -> Any:
+        """This replica's running copy of ``name``, waiting briefly for the jobs watch when the
+        bucket already holds a newer revision (the job was just written through another
+        replica)."""
+        stored = await self._stored(name)
+        if stored.spec is None:
+            raise ApiError(
+                "conflict", f"job {name!r} is stored but invalid ({stored.error}): put a new spec"
+            )
+        if name not in self._scheduler.jobs:
+            # Written around the API (straight into the bucket): the replicas skip it.
+            problems = self._spec_problems(stored.spec)
+            if problems:
+                found = "; ".join(map(str, problems))[:1000]
+                raise ApiError(
+                    "conflict", f"job {name!r} is stored but invalid ({found}): put a new spec"
+                )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_S
+        while True:
+            job = self._scheduler.jobs.get(name)
+            if job is not None and job.revision >= stored.revision:
+                return job
+            if loop.time() > deadline:
+                raise ApiError(
+                    "unavailable",
+                    f"this replica has not loaded revision {stored.revision} of {name!r} yet; "
+                    "retry",
+                )
+            await asyncio.sleep(0.05)
+
+    def _page(self, max_bytes: int, envelope: msgspec.Struct) -> Page:
+        """A page of at most ``max_bytes`` (0: as much as one message carries)."""
+        hard = self._client.max_payload - REPLY_RESERVE
+        return Page(min(max_bytes, hard) if max_bytes else hard, hard, envelope)
+
+    async def _caught_up(self) -> bool:
+        """Whether this replica's jobs view holds every revision the bucket held when asked,
+        waiting up to CATCH_UP_S for its watch; a write through another replica a moment ago
+        is then in the view."""
+        newest = await self._jobs.last_revision()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_S
+        while self._scheduler.jobs_revision < newest:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def _stored_names(self) -> list[str]:
+        """Every stored job name (loaded or skipped), sorted; rebuilt only when the view has
+        changed since the last listing."""
+        scheduler = self._scheduler
+        revision = scheduler.jobs_revision
+        if self._names[0] != revision:
+            self._names = (revision, sorted([*scheduler.jobs, *scheduler.skipped]))
+        return self._names[1]
+
+    def _spec_problems(self, spec: JobSpec) -> list[Problem]:
+        settings = self._scheduler.settings
+        found = [
+            Problem(f"spec.{p.where}" if p.where else "spec", p.message)
+            for p in spec.problems(prefix=settings.subject_prefix, max_payload=settings.max_payload)
+        ]
+        if not any(p.where == "spec.payload" for p in found):
+            size = len(msgspec.json.encode(spec.payload))
+            server = self._client.max_payload
+            if size + TRIGGER_ENVELOPE > server:
+                found.append(
+                    Problem(
+                        "spec.payload",
+                        f"is {size} bytes as JSON; with its trigger's envelope "
+                        f"({TRIGGER_ENVELOPE} bytes) that is more than the NATS server's "
+                        f"max_payload ({server} bytes)",
+                    )
+                )
+        if spec.max_lateness > self._duplicate_window:
+            found.append(
+                Problem(
+                    "spec.max_lateness",
+                    f"is {spec.max_lateness:g} s, longer than the trigger stream's duplicate "
+                    f"window ({self._duplicate_window:g} s)",
+                )
+            )
+        return found

@@ -1,0 +1,172 @@
+"""``hrwcron provision``: create or verify the buckets and the trigger stream ahead of time.
+
+Replicas do the same at start-up, so running this is optional; it lets an operator create the
+JetStream resources once, with an account that may create streams, and see what exists. It is
+idempotent: existing resources are verified and never altered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from hrwcron.cli.options import CONFIG, timeout
+from hrwcron.cli.verb import Verb, arg
+from hrwcron.core.config import Config, load_config, redact_url
+from hrwcron.core.errors import HrwcronError, NatsSetupError
+from hrwcron.process.logs import setup_logging
+
+if TYPE_CHECKING:
+    from nats.js.api import StreamConfig
+
+EXIT_FAILED = 1
+DEFAULT_TIMEOUT = 30.0
+
+
+def _cmd_provision(args: argparse.Namespace) -> int:
+    config = load_config(args.config, os.environ)
+    setup_logging(config.telemetry.log_level, config.telemetry.log_format)
+    try:
+        lines = asyncio.run(asyncio.wait_for(provision_report(config), args.timeout))
+    except HrwcronError as exc:
+        print(f"hrwcron provision: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except TimeoutError:
+        # The client retries an unreachable server forever, as a replica should; a one-shot
+        # command has to stop somewhere.
+        servers = ", ".join(redact_url(url) for url in config.nats.servers)
+        print(
+            f"hrwcron provision: not done after {args.timeout:g} s; is NATS reachable at "
+            f"{servers}?",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    return 0
+
+
+def _resources(config: Config) -> list[tuple[str, str]]:
+    """(label, JetStream stream name) of everything hrwcron keeps, in provisioning order."""
+    from hrwcron.process.app import layout
+
+    s = config.scheduler
+    processed = layout(config).processed_bucket
+    buckets = (
+        s.members_bucket,
+        s.claims_bucket,
+        s.jobs_bucket,
+        s.runs_bucket,
+        s.counts_bucket,
+        processed,
+    )
+    return [(f"bucket {b}", f"KV_{b}") for b in buckets] + [(f"stream {s.stream}", s.stream)]
+
+
+async def provision_report(config: Config) -> list[str]:
+    """Provision through :func:`hrwcron.process.app.open_stores` and describe each resource."""
+    # Imported here so the other subcommands start without loading the NATS client.
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import NotFoundError
+
+    from hrwcron.adapters.jetstream.connect import connect
+    from hrwcron.adapters.jetstream.provision import provision
+    from hrwcron.core.model import DEFAULT_MAX_LATENESS
+    from hrwcron.process.app import layout, open_stores
+
+    resources = _resources(config)
+    hint = _timeout_hint(resources[0][1])
+    # Whether a resource existed is read on a first connection, before provisioning creates it;
+    # another replica creating it in between only changes the wording, not the outcome.
+    existed: dict[str, bool] = {}
+    client = await connect(config.nats, name_suffix=":provision")
+    try:
+        js = client.jetstream()
+        for _, name in resources:
+            try:
+                await js.stream_info(name)
+                existed[name] = True
+            except NotFoundError:
+                existed[name] = False
+    except NatsTimeout:
+        raise NatsSetupError(hint) from None
+    finally:
+        await client.close()
+
+    try:
+        stores = await open_stores(config)
+    except NatsTimeout:
+        raise NatsSetupError(hint) from None
+    try:
+        js = stores.client.jetstream()
+        # What replicas create at start-up is in place; now the worker SDK's bucket, and the
+        # replicas and storage of everything (a replica at start-up does not refuse those).
+        longest = max([job.max_lateness for job in config.jobs] + [DEFAULT_MAX_LATENESS])
+        await provision(js, layout(config), longest, for_workers=True)
+        lines = []
+        for label, name in resources:
+            info = await js.stream_info(name)
+            state = "exists" if existed[name] else "created"
+            lines.append(f"{label}: {state} ({_describe(info.config)})")
+        return lines
+    finally:
+        await stores.client.close()
+
+
+def _timeout_hint(stream: str) -> str:
+    return (
+        f"no reply from the JetStream API (e.g. $JS.API.STREAM.INFO.{stream}): JetStream is "
+        "not enabled for this account, or the NATS user lacks permission for it (see "
+        "nats/accounts.conf)"
+    )
+
+
+def _seconds(value: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if value >= size and value % size == 0:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}s"
+
+
+def _describe(config: StreamConfig) -> str:
+    storage = getattr(config.storage, "value", config.storage)
+    parts = [f"{storage} storage", f"replicas {config.num_replicas or 1}"]
+    if not config.name or not config.name.startswith("KV_"):
+        parts.insert(0, "subjects " + ", ".join(config.subjects or []))
+        if config.duplicate_window:
+            parts.append(f"duplicate window {_seconds(config.duplicate_window)}")
+    if config.max_age:
+        parts.append(f"max age {_seconds(config.max_age)}")
+    return ", ".join(parts)
+
+
+PROVISION = Verb(
+    "provision",
+    help="create or verify hrwcron's buckets and trigger stream",
+    description=(
+        "Connect to NATS as configured, check the server version, and create the members, "
+        "claims, jobs and run-marker buckets, the worker SDK's processed bucket and the "
+        "trigger stream when they are missing. Existing ones are verified, never changed; "
+        "a setting that contradicts what hrwcron needs (including replicas or storage that "
+        "differ from scheduler.replicas and scheduler.storage) is reported with what to "
+        "change, and the command exits 1. Prints one line per resource saying whether it "
+        "was created or already existed."
+    ),
+    epilog=(
+        "example:\n  HRWCRON_NATS_URL=nats://nats-1:4222 hrwcron provision --config hrwcron.toml"
+    ),
+    args=(
+        CONFIG,
+        arg(
+            "--timeout",
+            type=timeout,
+            default=DEFAULT_TIMEOUT,
+            metavar="SECONDS",
+            help="give up after this long, e.g. with NATS unreachable "
+            f"(default: {DEFAULT_TIMEOUT:g})",
+        ),
+    ),
+    run=_cmd_provision,
+)

@@ -1,0 +1,195 @@
+"""A compiled cron expression: its fields as lookup tables, and the search for the next and
+previous wall-clock time they match, with the Vixie day rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hrwcron.core.schedule.civil import (
+    _DAYS_IN_MONTH,
+    _MAX_YEAR,
+    _civil_from_days,
+    _days_from_civil,
+    _days_in_month,
+    schedule_error,
+)
+from hrwcron.core.schedule.fields import (
+    _ALL_DAYS,
+    _DOM,
+    _DOW,
+    _HOUR,
+    _MIN,
+    _MON,
+    _SEC,
+    _next_table,
+    _parse_field,
+    _Rule,
+    _rule_day,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cron:
+    """The compiled fields, with lookup tables so finding the next match is a few index reads."""
+
+    seconds: tuple[int, ...]
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    months: tuple[int, ...]
+    dom: frozenset[int]
+    dow: frozenset[int]
+    dom_rules: tuple[_Rule, ...]
+    dow_rules: tuple[_Rule, ...]
+    day_or: bool  # both day fields restricted: Vixie's OR
+    all_days: bool
+    first_month: int
+    days: dict[int, tuple[int, ...]] = field(default_factory=dict, compare=False)
+    # Which days match depends only on the month's length and the weekday of its 1st: at most
+    # 4 * 7 tables, whatever the year.
+    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict, compare=False)
+
+    def day_table(self, y: int, m: int) -> tuple[int, ...]:
+        """Next matching day of month >= d (index d), or -1, for year y month m."""
+        dim = _days_in_month(y, m)
+        if self.all_days:
+            return _ALL_DAYS[dim]
+        key = y * 16 + m
+        table = self.days.get(key)
+        if table is None:
+            first = (_days_from_civil(y, m, 1) + 4) % 7  # 1970-01-01 was a Thursday; Sunday = 0
+            table = self.month_table(dim, first)
+            if len(self.days) >= 512:
+                self.days.clear()
+            self.days[key] = table
+        return table
+
+    def month_table(self, dim: int, first: int) -> tuple[int, ...]:
+        """``day_table`` for any month of ``dim`` days whose 1st is weekday ``first``."""
+        key = dim * 8 + first
+        table = self.shapes.get(key)
+        if table is None:
+            table = _next_table(self.month_days(dim, first), 33)
+            self.shapes[key] = table
+        return table
+
+    def month_days(self, dim: int, first: int) -> frozenset[int]:
+        in_dom = {d for d in self.dom if d <= dim}
+        in_dom.update(_rule_day(rule, dim, first) for rule in self.dom_rules)
+        in_dow = {d for d in range(1, dim + 1) if (first + d - 1) % 7 in self.dow}
+        in_dow.update(_rule_day(rule, dim, first) for rule in self.dow_rules)
+        days = in_dom | in_dow if self.day_or else in_dom & in_dow
+        days.discard(0)
+        return frozenset(days)
+
+    def ever_matches(self, months: frozenset[int]) -> bool:
+        """Whether some day of some month in ``months`` matches, in some year: every month
+        starts on every weekday in some year, and February does in leap and common years."""
+        return any(
+            self.month_table(dim, first)[1] > 0
+            for m in sorted(months)
+            for dim in ((28, 29) if m == 2 else (_DAYS_IN_MONTH[m],))
+            for first in range(7)
+        )
+
+    def next_wall(self, sec: int) -> int | None:
+        """The first matching wall-clock second >= ``sec`` (seconds since 1970-01-01 local)."""
+        days, rem = divmod(sec, 86_400)
+        h, rem = divmod(rem, 3_600)
+        mi, s = divmod(rem, 60)
+        y, mo, d = _civil_from_days(days)
+        nsec, nmin, nhour, nmon = self.seconds, self.minutes, self.hours, self.months
+        while y <= _MAX_YEAR:
+            m2 = nmon[mo]
+            if m2 != mo:
+                if m2 < 0:
+                    y, mo = y + 1, self.first_month
+                else:
+                    mo = m2
+                d, h, mi, s = 1, 0, 0, 0
+            d2 = self.day_table(y, mo)[d]
+            if d2 < 0:
+                y, mo = (y + 1, 1) if mo == 12 else (y, mo + 1)
+                d, h, mi, s = 1, 0, 0, 0
+                continue
+            if d2 != d:
+                d, h, mi, s = d2, 0, 0, 0
+            h2 = nhour[h]
+            if h2 < 0:
+                d, h, mi, s = d + 1, 0, 0, 0
+                continue
+            if h2 != h:
+                h, mi, s = h2, 0, 0
+            m3 = nmin[mi]
+            if m3 < 0:
+                h, mi, s = h + 1, 0, 0
+                continue
+            if m3 != mi:
+                mi, s = m3, 0
+            s2 = nsec[s]
+            if s2 < 0:
+                mi, s = mi + 1, 0
+                continue
+            return _days_from_civil(y, mo, d) * 86_400 + h * 3_600 + mi * 60 + s2
+        return None
+
+
+def _compile(fields: list[str], job: str | None) -> _Cron:
+    sec, minute, hour, dom_text, month, dow_text = fields
+    seconds, _ = _parse_field(sec, _SEC, job)
+    minutes, _ = _parse_field(minute, _MIN, job)
+    hours, _ = _parse_field(hour, _HOUR, job)
+    dom, dom_rules = _parse_field(dom_text, _DOM, job)
+    months, _ = _parse_field(month, _MON, job)
+    dow, dow_rules = _parse_field(dow_text, _DOW, job)
+    # '?' is Quartz's way of writing '*': it leaves its day field unrestricted.
+    dom_star = dom_text.startswith("*") or dom_text == "?"
+    dow_star = dow_text.startswith("*") or dow_text == "?"
+    day_or = not dom_star and not dow_star
+    cron = _Cron(
+        seconds=_next_table(seconds, 60),
+        minutes=_next_table(minutes, 60),
+        hours=_next_table(hours, 24),
+        months=_next_table(months, 13),
+        dom=dom,
+        dow=dow,
+        dom_rules=dom_rules,
+        dow_rules=dow_rules,
+        day_or=day_or,
+        all_days=not day_or and len(dom) == 31 and len(dow) == 7 and not dom_rules + dow_rules,
+        first_month=min(months),
+    )
+    if dom_rules or dow_rules:
+        if not cron.ever_matches(months):
+            dow_restricts = not day_or and (dow_rules or len(dow) < 7)
+            both = (
+                f" together with day-of-week {dow_text!r} (both must match when a day field "
+                "starts with '*' or is '?')"
+                if dow_restricts
+                else ""
+            )
+            raise schedule_error(
+                "day-of-month",
+                f"no day of the month(s) {month!r} matches {dom_text!r}{both}, so it never fires",
+            )
+    elif not day_or and not any(d <= _DAYS_IN_MONTH[m] for m in months for d in dom):
+        raise schedule_error(
+            "day-of-month",
+            f"no day in {dom_text!r} exists in the month(s) {month!r}, so it never fires",
+        )
+    return cron
+
+
+def _full(table: tuple[int, ...], size: int) -> bool:
+    return all(table[v] == v for v in range(size))
+
+
+def _whole_span_s(cron: _Cron, resolution: int) -> int:
+    """The longest unit (second, minute, hour, day) that ``cron`` covers whole wherever it
+    covers one instant of it."""
+    if resolution == 1 and not _full(cron.seconds, 60):
+        return 1
+    if not _full(cron.minutes, 60):
+        return 60
+    if not _full(cron.hours, 24):
+        return 3_600
+    return 86_400

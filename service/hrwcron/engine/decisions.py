@@ -1,0 +1,390 @@
+"""Tick decisions: what a due tick needs now, and what each outcome means for the job.
+
+Fire it, wait for a later failover turn or for a claim holder, count it missed or excluded,
+resolve it because the stream already holds it, end a job that ran out of ticks or runs, and
+delete a finished job once ``delete_after`` passed. It is one state machine per job, driven by
+the timer, the trigger ledger, the job table, membership and the dispatcher's outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from hrwcron.core.errors import ConflictError, HrwcronError, NotFoundError
+from hrwcron.core.planner import collapse_latest, next_wake
+from hrwcron.core.ticks import TickId
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.counting import RunCounter
+from hrwcron.engine.flight import Flight
+from hrwcron.engine.jobs import HeldClaim, Job, JobTable
+from hrwcron.engine.ledger import TriggerLedger
+from hrwcron.engine.membership import Membership
+from hrwcron.engine.ports import JobsPort, LastTrigger, Observer
+from hrwcron.engine.recent import RecentCounts
+from hrwcron.engine.settings import Settings
+from hrwcron.engine.timer import Timer
+
+log = logging.getLogger("hrwcron.scheduler")
+
+RESOLVED = frozenset(
+    {
+        "started",
+        "duplicate",
+        "already_claimed",
+        "not_owner",
+        "missed",
+        "fenced",
+        "skipped",
+        "excluded",
+        "max_runs",
+        "rejected",
+    }
+)
+
+
+class TickDecisions:
+    """The tick state machine of every job; the dispatcher's host and the table's hooks."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock,
+        observer: Observer,
+        counter: RunCounter,
+        jobs_store: JobsPort,
+        spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]],
+    ) -> None:
+        """Call :meth:`attach` with the parts before the first tick."""
+        self.settings = settings
+        self.node = settings.node_id
+        self.clock = clock
+        self._observer = observer
+        self._counter = counter
+        self._jobs_store = jobs_store
+        self._spawn = spawn
+        self.stopping = False
+        self.owned_dirty = asyncio.Event()  # the jobs or their candidates changed
+        self._awaiting_turn: set[str] = set()  # due ticks waiting for a later failover turn
+        self._awaiting_holder: set[str] = set()  # due ticks whose claim another replica holds
+        self._step_ms = int(settings.failover_step * 1000)
+        # Ticks that passed their lateness window unpublished (whoever owned them).
+        self.missed_recently = RecentCounts()
+        self.jobs: dict[str, Job] = {}
+        self.last: dict[str, LastTrigger] = {}
+
+    def attach(
+        self, table: JobTable, ledger: TriggerLedger, membership: Membership, timer: Timer[Flight]
+    ) -> None:
+        self._table = table
+        self._timer = timer
+        self.jobs = table.jobs
+        self.last = ledger.last
+        # The parts' hot methods, bound once: a tick pays no more lookups than before.
+        self._push = timer.push
+        self._place = membership.place
+        self._ledger_done = ledger.done
+        self._holder_wait: Callable[[HeldClaim], float | None] = membership.holder_wait
+        self.holder_live: Callable[[str, str], bool] = membership.holder_live
+
+    def membership_changed(self, readiness: bool, candidates: bool) -> None:
+        if readiness:
+            self._timer.wakeup.set()
+        if not candidates:
+            return
+        self.owned_dirty.set()
+        # A member left or stopped being ready: ticks waiting for a later failover turn
+        # may now be ours to fire, so look at them again instead of at their old turn.
+        # So may ticks whose claim holder just left or stopped being ready.
+        for name in self._awaiting_turn | self._awaiting_holder:
+            waiting = self.jobs.get(name)
+            if waiting is not None and not waiting.busy:
+                self._push(waiting, 0)
+        self._awaiting_turn.clear()
+        self._awaiting_holder.clear()
+
+    # ----------------------------------------------- what a change elsewhere means for ticks
+
+    def prepare(self, job: Job) -> None:
+        self._collapse(job)
+
+    def loaded(self, job: Job) -> None:
+        self.owned_dirty.set()
+        if job.due is not None:
+            if job.spec.max_runs is not None:
+                self._read_count(job)
+            self._push(job, job.due + job.jitter_ms)
+        elif not job.spec.paused:
+            self._ran_out(job)
+
+    def runs_unknown(self, name: str) -> None:
+        self._counter.forget(name)
+
+    def newer_trigger(self, subject: str, seen: LastTrigger) -> None:
+        name = self._table.by_subject.get(subject)
+        job = self.jobs.get(name) if name else None
+        if job is None:
+            return
+        if job.spec.max_runs is not None:
+            self._mirror_count(job)
+        if job.busy or self.stopping:
+            return
+        due = job.due
+        if due is not None and seen.watermark >= due:
+            # The tick it waits for is in the stream: resolved here and now, without a
+            # trip through the timer (every replica sees every trigger go by).
+            self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
+
+    # --------------------------------------------------------------------- a due tick
+
+    def evaluate(self, job: Job, now: float, ready: bool, acts: list[Flight]) -> None:
+        due = job.due
+        if self.stopping:
+            return
+        if due is None:
+            self._delete_when_due(job, now, ready)
+            return
+        if self._ledger_done(job.subject, due):
+            self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
+            return
+        if job.spec.max_runs is not None and self._out_of_runs(job, now):
+            return
+        self._place(job)
+        owner = job.first
+        if owner != job.owner:
+            if job.owner is not None:
+                self._observer.owner_changed(job.spec.name, job.owner, owner)
+            job.owner = owner
+        if job.plan.exclusions and job.plan.excluded(due):
+            # Never fired, late or otherwise; counted once, by the owner, like a missed tick.
+            counts = owner == self.node or (owner is None and ready)
+            self._finish(job, "excluded" if counts else "not_owner", due, -1, 0, count=counts)
+            return
+        if now > due + job.spec.max_lateness_ms:
+            counts = owner == self.node or (owner is None and ready)
+            if not counts:
+                self.missed_recently.add(now)  # the owner's own count is taken in _finish
+            self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
+            return
+        rank = job.my_rank
+        if not ready or rank < 0:
+            # Fail closed: look again when the tick might be done, or our readiness returns.
+            self._push(job, min(now + 250, due + job.spec.max_lateness_ms + 1))
+            return
+        fire = due + job.jitter_ms
+        wake = next_wake(now, fire, rank, self._step_ms)
+        if wake is not None:
+            if now >= fire:
+                self._awaiting_turn.add(job.spec.name)
+            self._push(job, wake)
+            return
+        self._awaiting_turn.discard(job.spec.name)
+        held = job.claim_seen
+        if held is not None:
+            # Another instance holds this tick's claim: wait for the trigger in the feed or for
+            # the holder to fall silent, without reading the claim again meanwhile.
+            wait_until = self._holder_wait(held)
+            if wait_until is not None:
+                self._awaiting_holder.add(job.spec.name)
+                self._push(job, min(wait_until, due + job.spec.max_lateness_ms + 1))
+                return
+        self._awaiting_holder.discard(job.spec.name)
+        job.busy = True
+        acts.append(Flight(job, job.entry, due, rank))
+
+    def acted(self, flight: Flight) -> None:
+        """A tick's act ended with ``flight.outcome``: resolve it, or look again later."""
+        job = flight.job
+        job.busy = False
+        if job.entry != flight.entry or self.jobs.get(job.spec.name) is not job:
+            return  # the job changed or was removed meanwhile
+        outcome, due, rank, attempt = flight.outcome, flight.due, flight.rank, flight.attempt
+        if outcome in RESOLVED:
+            self._finish(job, outcome, due, rank, attempt)
+            return
+        self._observer.outcome(
+            job.spec.name, outcome, due_ms=due, rank=rank, attempt=attempt, lateness_ms=None
+        )
+        retry = self.clock.now_ms() + 250.0
+        held = job.claim_seen
+        if outcome == "lock_busy" and held is not None:
+            wait_until = self._holder_wait(held)
+            # None: time to read the claim again, but not in a tight loop.
+            retry = wait_until if wait_until is not None else self.clock.now_ms() + 10.0
+            self._awaiting_holder.add(job.spec.name)
+        self._push(job, retry)
+
+    def _finish(
+        self, job: Job, outcome: str, due: int, rank: int, attempt: int, count: bool = True
+    ) -> None:
+        lateness = None
+        if outcome == "started":
+            lateness = self.clock.now_ms() - due
+        elif outcome == "missed":
+            self.missed_recently.add(self.clock.now_ms())
+        if count:
+            self._observer.outcome(
+                job.spec.name,
+                outcome,
+                due_ms=due,
+                rank=rank,
+                attempt=attempt,
+                lateness_ms=lateness,
+            )
+        if outcome in ("missed", "fenced"):
+            log.warning("tick %s: %s", TickId(job.spec.name, due).key, outcome)
+        job.acted = False
+        job.claim_seen = None
+        self._awaiting_turn.discard(job.spec.name)
+        self._awaiting_holder.discard(job.spec.name)
+        if outcome == "started" and job.spec.max_runs is not None:
+            self._mirror_count(job, published=True)
+        try:
+            job.due = job.plan.next_after(due)
+        except HrwcronError as exc:  # the schedule ran out of supported years
+            job.due = None
+            self.mark_bad(job, f"no next tick: {exc}")
+            return
+        self._collapse(job)
+        if job.due is None:
+            self._ran_out(job)
+            return
+        self._push(job, job.due + job.jitter_ms)
+
+    def _collapse(self, job: Job) -> None:
+        if job.spec.catchup != "latest" or job.due is None:
+            return
+        collapsed = collapse_latest(job.plan, job.due, self.clock.now_ms())
+        job.due = collapsed.due
+        self.missed_recently.add(self.clock.now_ms(), collapsed.missed)
+        if job.owner == self.node:
+            for outcome, passed in (("missed", collapsed.missed), ("excluded", collapsed.excluded)):
+                for _ in range(passed):
+                    self._observer.outcome(
+                        job.spec.name, outcome, due_ms=job.due, rank=0, attempt=0, lateness_ms=None
+                    )
+
+    # ------------------------------------------------------------- jobs that run out of ticks
+
+    def _ran_out(self, job: Job) -> None:
+        """The job has no tick left: its window ended, its one-time instant passed or its runs
+        are used up. It stays (status shows it done or ended) unless ``delete_after`` is set."""
+        job.due = None
+        job.acted = False
+        job.claim_seen = None
+        self._awaiting_turn.discard(job.spec.name)
+        self._awaiting_holder.discard(job.spec.name)
+        if job.spec.delete_after is None or job.delete_at is not None:
+            return
+        last = self.last.get(job.subject)
+        since: float
+        if job.plan.final_ms is not None:
+            since = job.plan.final_ms
+        elif last is not None and last.watermark:  # ended by its run limit: from the last run
+            since = last.watermark
+        else:
+            since = self.clock.now_ms()
+        job.delete_at = since + job.spec.delete_after * 1000
+        self._push(job, job.delete_at)
+
+    def _delete_when_due(self, job: Job, now: float, ready: bool) -> None:
+        """One replica deletes a finished job once ``delete_after`` has passed: the owner at
+        once, the next candidates a failover step apart, each compare-and-set on the revision
+        it knows, so a second delete (or an edit made meanwhile) simply wins."""
+        if job.delete_at is None:
+            return
+        if not ready:
+            self._push(job, now + 1000)
+            return
+        self._place(job)
+        if job.my_rank < 0:
+            return
+        wake = next_wake(now, int(job.delete_at), job.my_rank, self._step_ms)
+        if wake is not None:
+            self._push(job, wake)
+            return
+        job.entry += 1  # one delete at a time; a failed one pushes the job again
+        self._spawn(self._delete_finished(job), f"delete-{job.spec.name}")
+
+    async def _delete_finished(self, job: Job) -> None:
+        name = job.spec.name
+        try:
+            await self._jobs_store.delete(name, job.revision)
+        except (ConflictError, NotFoundError):
+            log.info("job %s changed or was deleted before its delete_after cleanup", name)
+        except Exception as exc:
+            log.warning("job %s: deleting it after delete_after failed: %s; retrying", name, exc)
+            if self.jobs.get(name) is job:
+                self._push(job, self.clock.now_ms() + 1000)
+        else:
+            log.info(
+                "job %s deleted: no tick left and delete_after (%g s) passed",
+                name,
+                job.spec.delete_after,
+            )
+
+    # ----------------------------------------------------------------------- run limits
+
+    def runs_done(self, name: str) -> int | None:
+        """Scheduled triggers fired by a max_runs job so far; None when unknown yet."""
+        job = self.jobs.get(name)
+        if job is None:
+            return None
+        last = self.last.get(job.subject)
+        return self._counter.done(name, last.run if last else 0)
+
+    def _out_of_runs(self, job: Job, now: float) -> bool:
+        """True when the job must not act on its tick: its count is unknown yet (fail closed;
+        look again shortly) or its runs are used up (then it has no tick left)."""
+        done = self.runs_done(job.spec.name)
+        if done is None:
+            self._read_count(job)
+            self._push(job, now + 250)
+            return True
+        if done >= (job.spec.max_runs or 0):
+            self._ran_out(job)
+            return True
+        return False
+
+    def _read_count(self, job: Job) -> None:
+        def loaded() -> None:
+            if self.jobs.get(job.spec.name) is job:
+                self._mirror_count(job)
+                if job.due is not None and not job.busy:
+                    self._push(job, 0)
+
+        self._counter.read(job.spec.name, loaded)
+
+    def _mirror_count(self, job: Job, *, published: bool = False) -> None:
+        """Raise the durable copy to the run number of the newest trigger on the job's
+        subject: done by the replica that published it and by the job's owner, so the count
+        survives the stream forgetting the trigger."""
+        last = self.last.get(job.subject)
+        if last is None or not self._counter.behind(job.spec.name, last.run):
+            return
+        self._place(job)
+        if published or job.first == self.node:
+            self._counter.mirror(job.spec.name, last.run, lambda: self._mirror_count(job))
+
+    # ------------------------------------------------------------------- failing jobs
+
+    def mark_bad(self, job: Job, problem: str) -> None:
+        """A job whose ticks fail for what it is: shown in status, logged once."""
+        if problem != job.problem:
+            log.warning("job %r: %s", job.spec.name, problem)
+        job.problem = problem
+
+    def log_error(self, job: Job, tick_key: str, error: str) -> None:
+        """A failed tick is retried every 250 ms; its error is logged once per job and
+        message, not once per retry."""
+        if error != job.logged:
+            log.warning("tick %s: %s", tick_key, error)
+            job.logged = error
+        else:
+            log.debug("tick %s: %s", tick_key, error)
+
+    def claim_ttl(self, job: Job) -> float:
+        return job.spec.max_lateness + job.jitter_ms / 1000 + 10 * self.settings.claim_lease + 10

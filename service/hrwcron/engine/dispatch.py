@@ -1,0 +1,543 @@
+"""The life of a tick, for many ticks at once: claims, then fenced publishes, as batches.
+
+The timer hands over every tick this replica should act on now. A batch is one coroutine: the
+claims of all its ticks go out in one pipelined round; each tick then moves on as soon as its
+own answer arrives, and the publishes of the ticks whose answers came together go out as the
+next round. Each tick's outcome is its own: a lost claim, a fence conflict, a refusal, an
+error or no answer in time touches that tick only. The rare steps (reading a claim held by
+someone else, taking it over, the overlap check, re-reading a fenced subject) run as their
+own small coroutines inside the batch, and so do the rarer still: reading a max_runs job's
+run count, and recording on a claim that the server refused its trigger.
+
+The module is longer than the others because a tick's steps are one state machine, read best
+top to bottom in one place; the flight, the batch and the trigger messages live in flight.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import Any, Protocol
+
+from hrwcron.core.model import ClaimRecord
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.counting import RunCounter
+from hrwcron.engine.failpoints import Failpoints
+from hrwcron.engine.flight import (
+    COUNT,
+    CREATE,
+    LAST,
+    PUBLISH,
+    READ,
+    REJECT,
+    RUNS,
+    SKIP,
+    TAKEOVER,
+    Batch,
+    Flight,
+    trigger_writes,
+)
+from hrwcron.engine.jobs import HeldClaim, Job
+from hrwcron.engine.ledger import TriggerLedger
+from hrwcron.engine.ports import (
+    ClaimsPort,
+    FenceConflict,
+    LastTrigger,
+    Observer,
+    Published,
+    RunsPort,
+    StoreRefused,
+    TriggersPort,
+)
+from hrwcron.engine.settings import Settings
+
+log = logging.getLogger("hrwcron.scheduler")
+
+# How often one tick may find its subject moved on and re-read it before giving up for now.
+MAX_FENCES = 5
+# Claim outcomes that resolve a tick without a trigger: the holder skipped it (overlap), or
+# the server refused its trigger (another replica's would be refused the same way).
+CLAIM_RESOLVED = frozenset({"skipped", "rejected"})
+
+
+class TickHost(Protocol):
+    """What the dispatcher needs from the replica that hands it ticks."""
+
+    @property
+    def stopping(self) -> bool: ...
+    def claim_ttl(self, job: Job) -> float:
+        """How long a claim on one of ``job``'s ticks may live."""
+
+    def holder_live(self, node: str, instance: str) -> bool:
+        """Whether a claim's holder is live and ready."""
+
+    def mark_bad(self, job: Job, problem: str) -> None:
+        """The job's ticks fail for what the job is."""
+
+    def log_error(self, job: Job, tick_key: str, error: str) -> None:
+        """A tick failed with ``error``; it will be retried."""
+
+    def acted(self, flight: Flight) -> None:
+        """A scheduled tick's act ended with ``flight.outcome``."""
+
+
+class Dispatcher:
+    """Runs batches of flights for one replica; at most ``max_in_flight`` ticks at a time."""
+
+    def __init__(
+        self,
+        host: TickHost,
+        settings: Settings,
+        *,
+        claims: ClaimsPort,
+        triggers: TriggersPort,
+        runs: RunsPort | None,
+        ledger: TriggerLedger,
+        counter: RunCounter,
+        observer: Observer,
+        clock: Clock,
+        failpoints: Failpoints,
+        instance: str,
+    ) -> None:
+        self._s = host
+        self._settings = settings
+        self.node = settings.node_id
+        self.instance = instance
+        self.claims = claims
+        self._triggers = triggers
+        self._runs = runs
+        self._ledger = ledger
+        self._last = ledger.last
+        self._counter = counter
+        self._observer = observer
+        self._tracing = observer.tracing
+        self._clock = clock
+        self._failpoints = failpoints
+        # Ticks beyond max_in_flight wait here for a batch to start them.
+        self.queued: collections.deque[Flight] = collections.deque()
+        self.in_flight = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        # Claim operations so far, reported to the observer per batch: what a tick costs the
+        # claims bucket beyond its one create.
+        self.creates = 0
+        self.reads = 0
+        self.replaces = 0
+        self._told = (0, 0, 0)  # the counts last reported to the observer
+
+    # ------------------------------------------------------------------------- batches
+
+    def submit(self, flights: Sequence[Flight]) -> None:
+        self.queued.extend(flights)
+        self.start_batches()
+
+    def start_batches(self) -> None:
+        s = self._s
+        queued = self.queued
+        room = self._settings.max_in_flight - self.in_flight
+        if room <= 0 or not queued or s.stopping:
+            return
+        take = [queued.popleft() for _ in range(min(room, len(queued)))]
+        self.in_flight += len(take)
+        task = asyncio.create_task(self.run(take), name="ticks")
+        self.tasks.add(task)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a batch of ticks crashed: %r", task.exception())
+
+    async def run(self, flights: list[Flight]) -> None:
+        """Claims, then publishes, for every flight; returns once each has an outcome (or the
+        batch's deadline passed: what is still unanswered then counts as an error)."""
+        # A little beyond the stores' own deadline, which answers first when they have one.
+        batch = Batch(self._settings.write_timeout + 1.0)
+        creates: list[Flight] = []
+        for flight in flights:
+            self._begin(flight, batch, creates)
+        try:
+            await self._send_creates(creates, batch)
+            while batch.pending:
+                if not batch.answered:
+                    batch.event.clear()
+                    try:
+                        async with asyncio.timeout_at(batch.deadline):
+                            await batch.event.wait()
+                    except TimeoutError:
+                        break
+                answered, batch.answered = batch.answered, []
+                publishes: list[Flight] = []
+                won: list[Flight] = []
+                for future in answered:
+                    flight, step = batch.pending.pop(future)
+                    self._advance(flight, step, future, batch, publishes, won)
+                if won and self._failpoints:
+                    for flight in won:
+                        if flight.kind == "scheduled":
+                            await self._failpoints.hit("after_claim", flight.job.spec.name)
+                for flight in won:
+                    self._pre_publish(flight, batch, publishes)
+                await self._send_publishes(publishes, batch)
+                self.start_batches()
+            for future, (flight, _) in list(batch.pending.items()):
+                future.cancel()
+                self._fail(flight, "no answer before the batch's deadline")
+            batch.pending.clear()
+        finally:
+            # Cancelled (stopping): whatever is left ends as an error, and no later answer
+            # can touch it.
+            for future, (flight, _) in batch.pending.items():
+                future.cancel()
+                if not flight.outcome:
+                    self._fail(flight, "stopped")
+            self._report_ops()
+            self.start_batches()
+
+    def _report_ops(self) -> None:
+        told = self._told
+        ops = (self.creates - told[0], self.reads - told[1], self.replaces - told[2])
+        if any(ops):
+            self._told = (self.creates, self.reads, self.replaces)
+            self._observer.claim_ops(*ops)
+
+    # --------------------------------------------------------------------------- steps
+
+    def _begin(self, flight: Flight, batch: Batch, creates: list[Flight]) -> None:
+        job = flight.job
+        if self._tracing:
+            flight.span = self._observer.start_tick_span(
+                job.spec.name, flight.msg_id, flight.due, flight.rank
+            )
+            if flight.kind != "scheduled":
+                flight.span.set("hrwcron.kind", flight.kind)
+        if flight.kind == "scheduled":
+            if self._ledger.done(job.subject, flight.due):
+                self._resolve(flight, "already_claimed" if job.acted else "not_owner")
+                return
+            job.acted = True
+            held = job.claim_seen
+            if held is not None:
+                # Seen held by someone else before: what matters now is that claim's state.
+                self._spawn(batch, flight, READ, self.claims.get(flight.claim_key))
+                self.reads += 1
+                return
+        flight.record = ClaimRecord(
+            node=self.node, instance=self.instance, attempt=1, claimed_ms=int(self._clock.now_ms())
+        )
+        creates.append(flight)
+
+    async def _send_creates(self, flights: list[Flight], batch: Batch) -> None:
+        if not flights:
+            return
+        s = self._s
+        writes = []
+        for flight in flights:
+            assert flight.record is not None
+            writes.append((flight.claim_key, flight.record, s.claim_ttl(flight.job)))
+            if flight.span is not None:
+                flight.step_span = flight.span.start_child(
+                    "hrwcron.claim", {"hrwcron.claim.key": flight.claim_key}
+                )
+        self.creates += len(flights)
+        await self._send(flights, batch, CREATE, self.claims.create_many(writes))
+
+    def _advance(
+        self,
+        flight: Flight,
+        step: int,
+        future: asyncio.Future[Any],
+        batch: Batch,
+        publishes: list[Flight],
+        won: list[Flight],
+    ) -> None:
+        if future.cancelled():
+            self._fail(flight, "cancelled")
+            return
+        error = future.exception()
+        if step == PUBLISH:
+            self._published(flight, future, error, batch, publishes)
+            return
+        if step == REJECT:
+            # Recorded on the claim or not, the trigger cannot be published: a replica that
+            # does not see the record tries once more and meets the same refusal.
+            self._resolve(flight, "rejected")
+            return
+        step_span = flight.step_span
+        if step_span is not None:
+            if step == CREATE:
+                step_span.set("hrwcron.claim.won", error is None and future.result() is not None)
+            self._end_step(flight)
+        if error is not None:
+            self._fail(flight, f"{type(error).__name__}: {error}")
+            return
+        result = future.result()
+        if step == CREATE:
+            if result is not None:
+                flight.revision = result
+                flight.attempt = 1
+                won.append(flight)
+            elif flight.kind != "scheduled":
+                self._resolve(flight, "duplicate")  # this Msg-Id was claimed before
+            else:
+                self._spawn(batch, flight, READ, self.claims.get(flight.claim_key))
+                self.reads += 1
+        elif step == READ:
+            self._read(flight, result, batch, publishes)
+        elif step == TAKEOVER:
+            self._taken_over(flight, result, batch, publishes)
+        elif step == RUNS:
+            self._runs_checked(flight, bool(result), batch, publishes)
+        elif step == SKIP:
+            self._resolve(flight, "skipped")
+        elif step == LAST:
+            if result is not None:
+                self._ledger.remember(flight.job.subject, result)
+            self._prepare(flight, batch, publishes)
+        elif step == COUNT:
+            self._prepare(flight, batch, publishes)
+
+    def _read(
+        self,
+        flight: Flight,
+        held: tuple[ClaimRecord, int] | None,
+        batch: Batch,
+        publishes: list[Flight],
+    ) -> None:
+        """Someone holds this tick's claim. Ours from before (same instance): go on. Held by an
+        instance that is not live and ready, or unchanged beyond the lease: take it over.
+        Otherwise wait for the trigger to show up in the feed, or for the holder to fall
+        silent, without reading the claim again meanwhile."""
+        s = self._s
+        job = flight.job
+        if held is None:
+            job.claim_seen = None
+            self._resolve(flight, "lock_busy")  # expired between our create and read
+            return
+        record, revision = held
+        flight.attempt = record.attempt
+        if record.outcome in CLAIM_RESOLVED:
+            self._resolve(flight, "already_claimed")
+            return
+        if record.instance == self.instance:
+            flight.record, flight.revision = record, revision
+            self._pre_publish(flight, batch, publishes)
+            return
+        now = self._clock.monotonic()
+        seen = job.claim_seen
+        if seen is None or seen.revision != revision:
+            seen = HeldClaim(revision, now, record.node, record.instance)
+            job.claim_seen = seen
+        reason = ""
+        if not s.holder_live(record.node, record.instance):
+            reason = "its holder is not live and ready"
+        elif now - seen.seen_mono >= self._settings.claim_lease:
+            reason = f"unchanged for {now - seen.seen_mono:.1f} s"
+        if not reason:
+            self._resolve(flight, "lock_busy")
+            return
+        takeover = ClaimRecord(
+            node=self.node,
+            instance=self.instance,
+            attempt=record.attempt + 1,
+            claimed_ms=int(self._clock.now_ms()),
+        )
+        flight.record = takeover
+        flight.attempt = takeover.attempt
+        if flight.span is not None:
+            flight.span.set("hrwcron.takeover", True)
+        log.info("tick %s: took over the claim of %s (%s)", flight.msg_id, record.node, reason)
+        write = self.claims.replace(flight.claim_key, takeover, revision, s.claim_ttl(job))
+        self._spawn(batch, flight, TAKEOVER, write)
+        self.replaces += 1
+
+    def _taken_over(
+        self, flight: Flight, revision: int | None, batch: Batch, publishes: list[Flight]
+    ) -> None:
+        if revision is None:
+            flight.job.claim_seen = None
+            self._resolve(flight, "lock_busy")  # another replica took it over first
+            return
+        flight.revision = revision
+        self._prepare(flight, batch, publishes)  # a takeover never skips: the holder decided
+
+    def _pre_publish(self, flight: Flight, batch: Batch, publishes: list[Flight]) -> None:
+        runs = self._runs
+        job = flight.job
+        if (
+            runs is not None
+            and flight.kind == "scheduled"
+            and job.spec.overlap == "skip"
+            and flight.attempt == 1
+        ):
+            self._spawn(batch, flight, RUNS, runs.running(job.spec.name))
+            return
+        self._prepare(flight, batch, publishes)
+
+    def _runs_checked(
+        self, flight: Flight, running: bool, batch: Batch, publishes: list[Flight]
+    ) -> None:
+        if not running:
+            self._prepare(flight, batch, publishes)
+            return
+        self._resolve_claim(flight, batch, SKIP, "skipped")
+
+    def _resolve_claim(self, flight: Flight, batch: Batch, step: int, outcome: str) -> None:
+        """Record on the claim that the tick is resolved without a trigger, so the others
+        take it as done instead of taking the claim over."""
+        s = self._s
+        claim = flight.record
+        assert claim is not None
+        resolved = ClaimRecord(
+            node=claim.node,
+            instance=claim.instance,
+            attempt=claim.attempt,
+            claimed_ms=claim.claimed_ms,
+            outcome=outcome,
+        )
+        write = self.claims.replace(
+            flight.claim_key, resolved, flight.revision, s.claim_ttl(flight.job)
+        )
+        self._spawn(batch, flight, step, write)
+        self.replaces += 1
+
+    def _prepare(self, flight: Flight, batch: Batch, publishes: list[Flight]) -> None:
+        """Checks right before publishing, as of now: a replica that woke up late must not
+        publish late, a subject that already holds this tick or a later one is done, and a
+        max_runs job numbers its trigger from the subject's newest one (see runcount.py)."""
+        job = flight.job
+        due = flight.due
+        scheduled = flight.kind == "scheduled"
+        if scheduled and self._clock.now_ms() > due + job.spec.max_lateness_ms:
+            self._resolve(flight, "missed")
+            return
+        last = self._last.get(job.subject)
+        if scheduled and last is not None and last.watermark >= due:
+            self._resolve(flight, "duplicate" if last.msg_id == flight.msg_id else "fenced")
+            return
+        max_runs = job.spec.max_runs
+        if max_runs is not None:
+            counter = self._counter
+            name = job.spec.name
+            if not counter.known(name):
+                self._spawn(batch, flight, COUNT, counter.load(name))
+                return
+            flight.run = counter.run_number(name, last.run if last else 0, max_runs, scheduled)
+            if flight.run is None:
+                self._resolve(flight, "max_runs")  # the limit was reached before this tick
+                return
+        flight.watermark = due if scheduled else (last.watermark if last else 0)
+        flight.expected = last.seq if last else 0
+        publishes.append(flight)
+
+    async def _send_publishes(self, flights: list[Flight], batch: Batch) -> None:
+        if not flights:
+            return
+        writes = trigger_writes(flights, self.node, self._clock.now_ms())
+        await self._send(flights, batch, PUBLISH, self._triggers.publish_many(writes))
+
+    async def _send(
+        self,
+        flights: list[Flight],
+        batch: Batch,
+        step: int,
+        writes: Awaitable[Sequence[asyncio.Future[Any]]],
+    ) -> None:
+        """Send one round of writes; each flight then waits for its own answer."""
+        batch.sent()
+        try:
+            futures = await writes
+        except Exception as exc:
+            for flight in flights:
+                self._fail(flight, f"{type(exc).__name__}: {exc}")
+            return
+        for flight, future in zip(flights, futures, strict=True):
+            batch.wait(flight, future, step)
+
+    def _published(
+        self,
+        flight: Flight,
+        future: asyncio.Future[Published],
+        error: BaseException | None,
+        batch: Batch,
+        publishes: list[Flight],
+    ) -> None:
+        s = self._s
+        subject = flight.job.subject
+        if isinstance(error, FenceConflict):
+            if flight.step_span is not None:
+                flight.step_span.set("hrwcron.fenced", True)
+            self._end_step(flight)
+            # The subject moved on: re-read its last message; if that is this tick, it is done.
+            flight.fences += 1
+            if flight.fences >= MAX_FENCES:
+                self._resolve(flight, "lock_busy")
+                return
+            self._ledger.forget(subject)
+            self._spawn(batch, flight, LAST, self._triggers.last(subject))
+            return
+        if isinstance(error, StoreRefused):
+            if flight.step_span is not None:
+                flight.step_span.set("hrwcron.rejected", str(error))
+            self._end_step(flight)
+            # Sending it again cannot succeed: this tick fails, not the replica.
+            s.mark_bad(flight.job, f"the server refused its trigger: {error}")
+            if flight.kind == "scheduled":
+                self._resolve_claim(flight, batch, REJECT, "rejected")
+            else:
+                self._resolve(flight, "rejected")  # its caller gives the claim back
+            return
+        self._end_step(flight)
+        if error is not None:
+            self._fail(flight, f"{type(error).__name__}: {error}")
+            return
+        job = flight.job
+        job.problem = job.logged = ""
+        ack = future.result()
+        if ack.duplicate:
+            self._resolve(flight, "duplicate")
+            return
+        seen = LastTrigger(ack.seq, flight.msg_id, flight.watermark, flight.run or 0)
+        self._ledger.remember(subject, seen)
+        self._resolve(flight, "started")
+
+    # ------------------------------------------------------------------------ outcomes
+
+    def _spawn(
+        self,
+        batch: Batch,
+        flight: Flight,
+        step: int,
+        work: Coroutine[Any, Any, Any] | Awaitable[Any],
+    ) -> None:
+        batch.sent()
+        batch.wait(flight, asyncio.ensure_future(work), step)
+
+    @staticmethod
+    def _end_step(flight: Flight) -> None:
+        if flight.step_span is not None:
+            flight.step_span.end()
+            flight.step_span = None
+
+    def _fail(self, flight: Flight, error: str) -> None:
+        self._end_step(flight)
+        flight.error = error
+        self._s.log_error(flight.job, flight.msg_id, error)
+        if flight.span is not None:
+            flight.span.set("error", error)
+        self._resolve(flight, "error")
+
+    def _resolve(self, flight: Flight, outcome: str) -> None:
+        if flight.outcome:
+            return
+        flight.outcome = outcome
+        span = flight.span
+        if span is not None:
+            self._end_step(flight)
+            span.set("outcome", outcome)
+            span.set("attempt", flight.attempt)
+            span.end()
+        if flight.kind == "scheduled":
+            self.in_flight -= 1
+            self._s.acted(flight)

@@ -1,0 +1,153 @@
+"""A tick (or manual trigger) on its way through a batch, the answers a batch waits for, and
+the trigger messages a round of publishes sends."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hrwcron.core.model import ClaimRecord, TriggerMessage, encode
+from hrwcron.core.ticks import TickId, format_ms
+from hrwcron.engine.jobs import Job
+from hrwcron.engine.ports import (
+    HEADER_DUE,
+    HEADER_JOB,
+    HEADER_KIND,
+    HEADER_MSG_ID,
+    HEADER_RUN,
+    HEADER_WATERMARK,
+    TickSpan,
+    TriggerWrite,
+)
+
+
+class Flight:
+    """One tick (or manual trigger) on its way through a batch."""
+
+    __slots__ = (
+        "attempt",
+        "claim_key",
+        "due",
+        "entry",
+        "error",
+        "expected",
+        "fences",
+        "job",
+        "kind",
+        "msg_id",
+        "outcome",
+        "rank",
+        "record",
+        "revision",
+        "run",
+        "span",
+        "step_span",
+        "watermark",
+    )
+
+    def __init__(
+        self,
+        job: Job,
+        entry: int,
+        due: int,
+        rank: int,
+        kind: str = "scheduled",
+        msg_id: str = "",
+        claim_key: str = "",
+    ) -> None:
+        self.job = job
+        self.entry = entry
+        self.due = due
+        self.rank = rank
+        self.kind = kind
+        if not msg_id or not claim_key:
+            tick = TickId(job.spec.name, due)
+            msg_id, claim_key = msg_id or tick.key, claim_key or tick.claim_key
+        self.msg_id = msg_id
+        self.claim_key = claim_key
+        self.record: ClaimRecord | None = None
+        self.revision = 0
+        self.attempt = 0
+        self.fences = 0
+        self.expected = 0
+        self.watermark = 0
+        self.run: int | None = None  # the Hrwcron-Run header of a max_runs job's trigger
+        self.span: TickSpan | None = None
+        self.step_span: TickSpan | None = None
+        self.outcome = ""
+        self.error = ""
+
+
+# The step a pending answer belongs to.
+CREATE, READ, TAKEOVER, RUNS, SKIP, PUBLISH, LAST, COUNT, REJECT = range(9)
+
+
+class Batch:
+    """The answers a batch waits for, and a wake-up when some have come."""
+
+    __slots__ = ("answered", "deadline", "event", "pending", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.pending: dict[asyncio.Future[Any], tuple[Flight, int]] = {}
+        self.answered: list[asyncio.Future[Any]] = []
+        self.event = asyncio.Event()
+        self.timeout = timeout
+        self.deadline = 0.0
+
+    def wait(self, flight: Flight, future: asyncio.Future[Any], step: int) -> None:
+        self.pending[future] = (flight, step)
+        future.add_done_callback(self._landed)
+
+    def sent(self) -> None:
+        """Writes just went out: they get the whole timeout, even when the replica was
+        paused after the previous round (its first act on waking must not be a timeout)."""
+        self.deadline = asyncio.get_running_loop().time() + self.timeout
+
+    def _landed(self, future: asyncio.Future[Any]) -> None:
+        self.answered.append(future)
+        self.event.set()
+
+
+def trigger_writes(flights: list[Flight], node: str, now_ms: float) -> list[TriggerWrite]:
+    """The trigger messages of a round of publishes, each fenced on its subject's last
+    sequence; a traced flight's publish step starts here and rides in the headers."""
+    writes: list[TriggerWrite] = []
+    fired_at = format_ms(int(now_ms))
+    for flight in flights:
+        job = flight.job
+        due = format_ms(flight.due)
+        headers = {
+            HEADER_MSG_ID: flight.msg_id,
+            HEADER_JOB: job.spec.name,
+            HEADER_DUE: due,
+            HEADER_WATERMARK: str(flight.watermark),
+            HEADER_KIND: flight.kind,
+        }
+        if flight.run is not None:
+            headers[HEADER_RUN] = str(flight.run)
+        if flight.span is not None:
+            flight.step_span = flight.span.start_child(
+                f"publish {job.subject}",
+                {
+                    "messaging.system": "nats",
+                    "messaging.destination.name": job.subject,
+                    "messaging.message.id": flight.msg_id,
+                    "messaging.operation.type": "publish",
+                },
+            )
+            flight.step_span.inject(headers)
+        body = encode(
+            TriggerMessage(
+                job=job.spec.name,
+                tick=flight.msg_id,
+                due=due,
+                due_ms=flight.due,
+                fired_at=fired_at,
+                node=node,
+                attempt=max(1, flight.attempt),
+                payload=job.spec.payload,
+                kind=flight.kind,  # type: ignore[arg-type]
+            )
+        )
+        writes.append((job.subject, body, headers, flight.expected))
+    return writes

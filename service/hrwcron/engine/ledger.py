@@ -1,0 +1,70 @@
+"""The trigger ledger: the newest trigger on every subject, as the trigger stream shows it.
+
+Every replica follows the whole stream, so each knows which ticks are already published (a
+tick is done once its subject's watermark reaches it) without asking anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from hrwcron.engine.pacing import Slices
+from hrwcron.engine.ports import LastTrigger, Observer, TriggersPort
+
+log = logging.getLogger("hrwcron.scheduler")
+
+
+class TriggerLedger:
+    """``last[subject]``: the newest trigger seen on it; ``newer`` is told of each advance."""
+
+    def __init__(
+        self,
+        triggers: TriggersPort,
+        *,
+        observer: Observer,
+        newer: Callable[[str, LastTrigger], None],
+        retry_after: float,
+    ) -> None:
+        self._triggers = triggers
+        self._observer = observer
+        self._newer = newer
+        self._retry_after = retry_after
+        self.last: dict[str, LastTrigger] = {}
+        self.loaded = asyncio.Event()  # set once the stream's history has been read
+        self.stopping = False
+
+    def remember(self, subject: str, seen: LastTrigger) -> None:
+        """Record ``seen`` on ``subject`` unless a newer trigger is known already."""
+        known = self.last.get(subject)
+        if known is None or known.seq < seen.seq:
+            self.last[subject] = seen
+            self._newer(subject, seen)
+
+    def forget(self, subject: str) -> None:
+        """The subject moved on in a way this replica did not see: read it again first."""
+        self.last.pop(subject, None)
+
+    def done(self, subject: str, due: int) -> LastTrigger | None:
+        """The trigger that shows the tick due at ``due`` on ``subject`` is published."""
+        last = self.last.get(subject)
+        return last if last is not None and last.watermark >= due else None
+
+    async def follow(self) -> None:
+        """Read the stream's history, then every new trigger, until stopped."""
+        while not self.stopping:
+            try:
+                slices = Slices()
+                async for item in self._triggers.follow():
+                    if item is None:
+                        self.loaded.set()
+                        continue
+                    subject, seen = item
+                    self.remember(subject, seen)
+                    self._observer.trigger_seen(subject, seen)
+                    if slices.spent():
+                        await asyncio.sleep(0)
+            except Exception as exc:
+                log.warning("trigger feed stopped (%s); restarting it", exc)
+            await asyncio.sleep(self._retry_after)

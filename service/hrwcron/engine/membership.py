@@ -1,0 +1,269 @@
+"""Membership and readiness: this replica's heartbeat, its view of the others, who ranks where.
+
+It writes the heartbeat (and learns the clock offset from it), keeps the member view fresh by a
+watch and a periodic full read, says whether this replica may claim (fail closed), compares the
+job digests the replicas announce, and ranks a job's candidates once per change of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from hrwcron import __version__
+from hrwcron.core import hrw
+from hrwcron.core.errors import ConflictError, DuplicateNodeError, HrwcronError
+from hrwcron.core.model import Heartbeat
+from hrwcron.core.planner import Candidate, ranking
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.jobs import HeldClaim, Job
+from hrwcron.engine.ports import MembersPort, Observer, ServerTime
+from hrwcron.engine.settings import Settings
+from hrwcron.engine.view import MembershipView
+
+log = logging.getLogger("hrwcron.scheduler")
+
+
+class ReplicaState(Protocol):
+    """What membership announces about the rest of the replica."""
+
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def loading(self) -> bool: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def job_count(self) -> int: ...
+
+
+class Membership:
+    """Heartbeats, the live members, readiness and the candidates' order."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        members: MembersPort,
+        *,
+        instance: str,
+        observer: Observer,
+        clock: Clock,
+        state: ReplicaState,
+        changed: Callable[[bool, bool], None],
+    ) -> None:
+        """``changed(readiness, candidates)`` is told when either changed."""
+        self.settings = settings
+        self.node = settings.node_id
+        self.instance = instance
+        self._members = members
+        self._observer = observer
+        self._clock = clock
+        self._state = state
+        self._changed = changed
+        self.view = MembershipView(self.node, settings.member_ttl, clock.monotonic)
+        self.fatal: HrwcronError | None = None
+        self.failed = asyncio.Event()  # set with ``fatal``: the process should exit
+        self.started_ms = 0
+        self.candidates: list[Candidate] = []
+        self.generation = 0  # bumped whenever the candidates change
+        self._plain: list[tuple[bytes, str]] | None = []  # candidates for hrw.rank_prepared
+        # A claim holder unheard for this long has missed a heartbeat: its claim is taken over.
+        interval = settings.heartbeat_interval
+        self._silence = interval + max(0.25, interval / 4)
+        self._revision = 0
+        self._beat_ok: float | None = None
+        self._view_ok: float | None = None
+        self._was_ready: bool | None = None
+
+    # ------------------------------------------------------------------------- readiness
+
+    @property
+    def not_ready_reason(self) -> str:
+        """Empty when this replica may claim; otherwise why it must not (fail closed)."""
+        now = self._clock.monotonic()
+        ttl = self.settings.member_ttl
+        if self.fatal is not None:
+            return f"fatal: {self.fatal}"
+        if self._state.stopping:
+            return "stopping"
+        if self._beat_ok is None or now - self._beat_ok > ttl:
+            return "heartbeat is not reaching NATS"
+        if self._view_ok is None or now - self._view_ok > ttl:
+            return "membership view is stale"
+        if self._state.loading:
+            return "loading jobs and trigger history"
+        if not self._clock.estimator.known:
+            return "clock offset to the NATS server is not known yet"
+        skew = abs(self._clock.offset_ms)
+        if skew > self.settings.max_clock_skew * 1000:
+            return (
+                f"clock is {skew:.0f} ms off the NATS server's "
+                f"(max_clock_skew is {self.settings.max_clock_skew:g} s)"
+            )
+        return ""
+
+    @property
+    def ready(self) -> bool:
+        return not self.not_ready_reason
+
+    def refresh(self) -> None:
+        """Take in a change of readiness or of the live members."""
+        ready = self.ready
+        ready_changed = ready != self._was_ready
+        if ready_changed:
+            self._was_ready = ready
+            self._observer.readiness(ready, self.not_ready_reason)
+        candidates = self.view.candidates(ready, self.settings.weight, list(self.settings.tags))
+        changed = candidates != self.candidates
+        if changed:
+            self.candidates = candidates
+            self._plain = hrw.prepare([c.node for c in candidates])
+            if any(c.weight != 1.0 for c in candidates):
+                self._plain = None  # weighted: planner.ranking
+            self.generation += 1
+        if ready_changed or changed:
+            self._changed(ready_changed, changed)
+        if changed:
+            self._observer.membership([c.node for c in candidates], 0)
+            log.info("live members: %s", ", ".join(c.node for c in candidates) or "none")
+
+    # ------------------------------------------------------------------------ the ranking
+
+    def place(self, job: Job) -> None:
+        """The job's owner and this replica's rank, computed once per change of the
+        candidates."""
+        if job.order_generation == self.generation:
+            return
+        plain = self._plain
+        if plain is not None and not job.spec.tags:
+            order = hrw.rank_prepared(job.spec.name, plain)
+        else:
+            order = ranking(job.spec.name, job.spec.tags, self.candidates)
+        job.first = order[0] if order else None
+        job.my_rank = order.index(self.node) if self.node in order else -1
+        job.order_generation = self.generation
+
+    def ranking_of(self, name: str, tags: list[str]) -> list[str]:
+        return ranking(name, tags, self.candidates)
+
+    # ------------------------------------------------------------------ claim holders
+
+    def holder_live(self, node: str, instance: str) -> bool:
+        """Whether a claim holder is live and ready in the membership view: the same instance,
+        ready, and heard from within a heartbeat (plus a margin)."""
+        return self._holder_silent_in(node, instance) > 0
+
+    def _holder_silent_in(self, node: str, instance: str) -> float:
+        heard = self.view.heard(node)
+        if heard is None:
+            return 0.0
+        heartbeat, seen_mono = heard
+        if heartbeat.instance != instance or not heartbeat.ready:
+            return 0.0
+        return seen_mono + self._silence - self._clock.monotonic()
+
+    def holder_wait(self, held: HeldClaim) -> float | None:
+        """When to look at a held claim again (server ms), or None to read it now: its
+        holder fell silent, or the claim stayed unchanged for the whole lease."""
+        lease_left = held.seen_mono + self.settings.claim_lease - self._clock.monotonic()
+        silent_in = self._holder_silent_in(held.node, held.instance)
+        if lease_left <= 0 or silent_in <= 0:
+            return None
+        return self._clock.now_ms() + min(lease_left, silent_in) * 1000 + 1
+
+    # ---------------------------------------------------------------------- heartbeats
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            node=self.node,
+            instance=self.instance,
+            started_ms=self.started_ms,
+            version=__version__,
+            weight=self.settings.weight,
+            tags=list(self.settings.tags),
+            digest=self._state.digest,
+            jobs=self._state.job_count,
+            ready=self.ready,
+            reason=self.not_ready_reason,
+            http=self.settings.http_address,
+        )
+
+    async def join(self) -> None:
+        """Register this node, then read the members once: a replica starts with a view."""
+        self.started_ms = int(self._clock.local_ms())
+        await self.beat(first=True)
+        self._beat_ok = self._clock.monotonic()
+        self.view.replace_all(await self._members.snapshot())
+        self._view_ok = self._clock.monotonic()
+
+    async def leave(self) -> None:
+        await self._members.deregister(self.node)
+
+    async def beat(self, first: bool = False) -> None:
+        """Write the heartbeat and learn the clock offset from the server's timestamp of it."""
+        if first:
+            # Registering may wait for a previous holder's key to expire: far too long a round
+            # trip for a clock sample, so the sample comes from an ordinary beat right after.
+            self._revision = await self._members.register(
+                self.node, self.heartbeat(), wait=self.settings.member_ttl + 1
+            )
+        sent = self._clock.local_ms()
+        self._revision = await self._members.beat(self.node, self.heartbeat(), self._revision)
+        received = self._clock.local_ms()
+        stored = await self._members.stored_at(self._revision)
+        if stored is not None:
+            self._clock.estimator.add(ServerTime(sent, stored, received))
+
+    async def heartbeat_loop(self) -> None:
+        while not self._state.stopping:
+            await asyncio.sleep(self.settings.heartbeat_interval)
+            try:
+                await self.beat()
+                self._beat_ok = self._clock.monotonic()
+            except ConflictError as exc:
+                self.fatal = DuplicateNodeError(
+                    f"node id {self.node!r} is being written by another replica: {exc}"
+                )
+                log.error("%s; this replica stops claiming", self.fatal)
+                self.failed.set()
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+            age = self._clock.monotonic() - self._beat_ok if self._beat_ok else float("inf")
+            self._observer.heartbeat(age < self.settings.member_ttl, self._clock.offset_ms, age)
+            self.check_digests()
+            self.refresh()
+
+    async def refresh_loop(self) -> None:
+        while not self._state.stopping:
+            try:
+                self.view.replace_all(await self._members.snapshot())
+                self._view_ok = self._clock.monotonic()
+            except Exception as exc:
+                log.warning("membership read failed: %s", exc)
+            self.refresh()
+            await asyncio.sleep(self.settings.membership_refresh)
+
+    async def watch(self) -> None:
+        while not self._state.stopping:
+            try:
+                async for node, record in self._members.watch():
+                    self.view.update(node, record)
+                    self.refresh()
+            except Exception as exc:
+                log.warning("membership watch stopped (%s); restarting it", exc)
+            await asyncio.sleep(self.settings.heartbeat_interval)
+
+    def check_digests(self) -> None:
+        """Tell the observer which live replicas announce a job digest other than ours."""
+        mine = self._state.digest
+        others = [
+            node
+            for node, (hb, age) in self.view.heartbeats().items()
+            if node != self.node
+            and hb.digest
+            and age < self.settings.member_ttl
+            and hb.digest != mine
+        ]
+        self._observer.digest_mismatch(others)

@@ -1,0 +1,368 @@
+"""The replica engine: the parts of a replica put together, and its lifecycle.
+
+A tick (job J, nominal due T) is resolved once it is in the trigger stream, was skipped, or
+passed ``T + max_lateness``. Each replica walks every job's ticks in due order and never looks
+at a later tick before the earlier one is resolved; that, plus subject-sequence fencing on the
+publish, is what keeps a job's triggers in due order and a zombie from overtaking anything.
+
+The parts, each in its own module: membership.py (heartbeats, readiness, ranking), jobs.py
+(the job table and its watch), ledger.py (the newest trigger per subject), timer.py (the heap),
+decisions.py (what a due tick needs), dispatch.py (claims and publishes). This module puts them
+together, runs the replica's lifecycle and answers the admin service's questions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import gc
+import logging
+import uuid
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from hrwcron.core import hrw
+from hrwcron.core.errors import HrwcronError, NotFoundError
+from hrwcron.core.model import JobSpec
+from hrwcron.core.plan import STATUS_SEARCH_BUDGET, lifecycle
+from hrwcron.core.planner import Candidate, ranking
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.counting import RunCounter
+from hrwcron.engine.decisions import RESOLVED, TickDecisions
+from hrwcron.engine.dispatch import Dispatcher
+from hrwcron.engine.failpoints import Failpoints
+from hrwcron.engine.flight import Flight
+from hrwcron.engine.jobs import JobTable
+from hrwcron.engine.ledger import TriggerLedger
+from hrwcron.engine.membership import Membership
+from hrwcron.engine.ports import (
+    ClaimsPort,
+    CountsPort,
+    JobsPort,
+    MembersPort,
+    Observer,
+    RunsPort,
+    StoreUnavailable,
+    TriggersPort,
+)
+from hrwcron.engine.settings import Settings
+from hrwcron.engine.timer import Timer
+from hrwcron.engine.view import MembershipView
+
+__all__ = ["RESOLVED", "Progress", "Scheduler", "Settings"]
+
+log = logging.getLogger("hrwcron.scheduler")
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    state: str  # see plan.lifecycle
+    next_due: int | None  # the next tick that fires
+    runs_done: int | None
+    runs_left: int | None
+
+
+class Scheduler:
+    """One replica's engine: the facade the admin service, the process and the tests use."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        members: MembersPort,
+        claims: ClaimsPort,
+        triggers: TriggersPort,
+        jobs: JobsPort,
+        observer: Observer,
+        runs: RunsPort | None = None,
+        counts: CountsPort | None = None,
+        clock: Clock | None = None,
+        failpoints: Failpoints | None = None,
+    ) -> None:
+        self.settings = settings
+        self.node = settings.node_id
+        self.instance = uuid.uuid4().hex
+        self.clock = clock or Clock()
+        self._triggers = triggers
+        self._jobs_store = jobs
+        self._counter = RunCounter(counts, self._spawn)
+        self._observer = observer
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # Jobs per owner as of the last recount: what operators see besides the running jobs.
+        self.owned_counts: dict[str, int] = {}
+        self._ticks = ticks = TickDecisions(
+            settings,
+            clock=self.clock,
+            observer=observer,
+            counter=self._counter,
+            jobs_store=jobs,
+            spawn=self._spawn,
+        )
+        self.missed_recently = ticks.missed_recently
+        self._ledger = TriggerLedger(
+            triggers,
+            observer=observer,
+            newer=ticks.newer_trigger,
+            retry_after=settings.heartbeat_interval,
+        )
+        self.last = self._ledger.last
+        self._table = JobTable(
+            settings,
+            jobs,
+            observer=observer,
+            clock=self.clock,
+            last=self.last,
+            hooks=ticks,
+            spawn=self._spawn,
+        )
+        self.jobs = self._table.jobs
+        self.skipped = self._table.skipped
+        self._membership = Membership(
+            settings,
+            members,
+            instance=self.instance,
+            observer=observer,
+            clock=self.clock,
+            state=self,
+            changed=ticks.membership_changed,
+        )
+        self.view: MembershipView = self._membership.view
+        self.failed = self._membership.failed  # set with ``fatal``: the process should exit
+        self._dispatcher = Dispatcher(
+            ticks,
+            settings,
+            claims=claims,
+            triggers=triggers,
+            runs=runs,
+            ledger=self._ledger,
+            counter=self._counter,
+            observer=observer,
+            clock=self.clock,
+            failpoints=failpoints or Failpoints({}),
+            instance=self.instance,
+        )
+        self._queued_acts = self._dispatcher.queued
+        self._timer: Timer[Flight] = Timer(
+            self.jobs,
+            self.clock,
+            ready=lambda: self.ready,
+            evaluate=ticks.evaluate,
+            submit=self._dispatcher.submit,
+        )
+        ticks.attach(self._table, self._ledger, self._membership, self._timer)
+        self.runs_done = ticks.runs_done
+        self.holder_live = self._membership.holder_live
+
+    # ------------------------------------------------------------ what the parts ask for
+
+    @property
+    def stopping(self) -> bool:
+        return self._ticks.stopping
+
+    @property
+    def loading(self) -> bool:
+        return not self._table.loaded.is_set() or not self._ledger.loaded.is_set()
+
+    @property
+    def digest(self) -> str:
+        return f"{self._table.digest:016x}"
+
+    @property
+    def job_count(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def fatal(self) -> HrwcronError | None:
+        return self._membership.fatal
+
+    @property
+    def not_ready_reason(self) -> str:
+        """Empty when this replica may claim; otherwise why it must not (fail closed)."""
+        return self._membership.not_ready_reason
+
+    @property
+    def ready(self) -> bool:
+        return not self._membership.not_ready_reason
+
+    @property
+    def _candidates(self) -> list[Candidate]:
+        return self._membership.candidates
+
+    async def reset_runs(self, name: str, subject: str) -> None:
+        """Start a deleted job's run count again, so a job created anew under the same name
+        gets all of its runs."""
+        last = await self._triggers.last(subject)
+        await self._counter.reset(name, last.run if last else 0)
+
+    # ------------------------------------------------------------------ claim and publish
+
+    async def publish_unscheduled(
+        self, name: str, msg_id: str, due_ms: int, kind: str, claim_key: str
+    ) -> str:
+        """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
+        claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
+        claimed or published before), ``rejected`` (the server refused the trigger) or
+        ``lock_busy``; raises NotFoundError for a bad name and StoreUnavailable when NATS did
+        not answer. A trigger that was not published gives its claim back, so the retry the
+        caller is advised to make can take it."""
+        job = self.jobs.get(name)
+        if job is None:
+            raise NotFoundError(f"no job named {name!r}")
+        flight = Flight(job, job.entry, due_ms, 0, kind, msg_id, claim_key)
+        await self._dispatcher.run([flight])
+        outcome = flight.outcome
+        if flight.revision and outcome not in ("started", "duplicate"):
+            # Even after a timeout: if the trigger did land, its Msg-Id and the stream check
+            # before a retry keep that retry from publishing it again.
+            with contextlib.suppress(Exception):
+                await self._dispatcher.claims.release(claim_key, flight.revision)
+        self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
+        if outcome == "error":
+            raise StoreUnavailable(f"trigger {msg_id}: {flight.error}")
+        return outcome
+
+    def problem_of(self, name: str) -> str:
+        job = self.jobs.get(name)
+        return job.problem if job is not None else ""
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._on_task_done)
+        return task
+
+    def _on_task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s crashed: %r", task.get_name(), task.exception())
+
+    async def start(self) -> None:
+        """Join the membership and start every loop; returns once the replica is running."""
+        gc.freeze()  # what the process set up so far stays too: no full collection walks it
+        membership = self._membership
+        await membership.join()
+        # Membership first: loading a large job set can outlast the member TTL.
+        self._spawn(membership.watch(), "members-watch")
+        self._spawn(membership.refresh_loop(), "members-refresh")
+        self._spawn(membership.heartbeat_loop(), "heartbeat")
+        self._spawn(self._ledger.follow(), "trigger-feed")
+        await _wait_event(self._ledger.loaded, 30, "trigger history")
+        self._table.start_watch()
+        await _wait_event(self._table.loaded, 60, "job list")
+        self._spawn(self._table.guard(), "jobs-watch-guard")
+        self._spawn(self._timer.run(), "timer")
+        self._spawn(self._owned_loop(), "owned-count")
+        membership.refresh()
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop claiming, let in-flight publishes finish, then leave the membership; all of
+        it within ``timeout`` (``shutdown_timeout``), whatever state the connection is in."""
+        timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+
+        def left(most: float) -> float:
+            return max(0.05, min(most, deadline - loop.time()))
+
+        self._ticks.stopping = self._table.stopping = self._ledger.stopping = True
+        with contextlib.suppress(Exception):
+            # Announce "not ready" at once, so the others stop waiting for this replica's turn.
+            await asyncio.wait_for(self._membership.beat(), timeout=left(min(1.0, timeout / 4)))
+        self._queued_acts.clear()
+        batches = self._dispatcher.tasks
+        if batches:
+            # Keep a second for cancelling the rest and leaving the membership.
+            await asyncio.wait(set(batches), timeout=left(deadline - loop.time() - 1.0))
+        await _cancel_all([*self._tasks, *batches], left(0.5))
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._membership.leave(), timeout=left(0.5))
+
+    async def _owned_loop(self) -> None:
+        """Counts owned jobs after membership or job changes, in slices, so even 100,000 jobs
+        neither stall the loop nor cost CPU while nothing changes."""
+        while True:
+            await self._ticks.owned_dirty.wait()
+            self._ticks.owned_dirty.clear()
+            candidates = self._membership.candidates
+            plain = [c.node for c in candidates] if all(c.weight == 1.0 for c in candidates) else []
+            owners: collections.Counter[str] = collections.Counter()
+            jobs = list(self.jobs.values())
+            for start in range(0, len(jobs), 500):
+                chunk = jobs[start : start + 500]
+                untagged = [j.spec.name for j in chunk if not j.spec.tags] if plain else []
+                if untagged:
+                    owners.update(hrw.owners(untagged, plain).values())
+                for job in chunk:
+                    if plain and not job.spec.tags:
+                        continue
+                    order = ranking(job.spec.name, job.spec.tags, candidates)
+                    if order:
+                        owners[order[0]] += 1
+                await asyncio.sleep(0)
+            self.owned_counts = dict(owners)
+            self._observer.owned(owners[self.node])
+            await asyncio.sleep(1.0)  # coalesce bursts of changes into one recount
+
+    # --------------------------------------------------------------------------- status
+
+    @property
+    def jobs_revision(self) -> int:
+        """The newest jobs-bucket revision this replica's watch has applied."""
+        return self._table.revision
+
+    def job_on_subject(self, subject: str) -> str | None:
+        """The loaded job that publishes on ``subject``, if any."""
+        return self._table.by_subject.get(subject)
+
+    def ranking_of(self, name: str) -> list[str]:
+        job = self.jobs.get(name)
+        return self._membership.ranking_of(name, job.spec.tags if job else [])
+
+    def progress(self, name: str) -> Progress:
+        """Where a job stands: its state, the next tick that fires (excluded ones passed
+        over), and for max_runs its runs so far and left (None while the count is unread)."""
+        job = self.jobs[name]
+        done = self.runs_done(name) if job.spec.max_runs is not None else None
+        left = None if done is None else max(0, (job.spec.max_runs or 0) - done)
+        due = None if job.spec.paused or left == 0 else job.due
+        if due is not None and job.plan.excluded(due):
+            due = job.plan.search(due, budget=STATUS_SEARCH_BUDGET).due
+        state = lifecycle(
+            job.plan,
+            paused=job.spec.paused,
+            due=None if left == 0 else job.due,
+            now_ms=self.clock.now_ms(),
+            runs_left=left,
+        )
+        return Progress(state, due, done, left)
+
+    def iter_jobs(self) -> Iterator[tuple[str, JobSpec, int | None, int]]:
+        """(name, spec, next due ms, jitter ms) for every known job."""
+        for name, job in self.jobs.items():
+            yield name, job.spec, job.due, job.jitter_ms
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that swallowed it (library
+    cleanup code can turn a cancellation into another error), at most ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = {task for task in tasks if not task.done()}
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(0.1, deadline - loop.time()))
+    if pending:
+        names = ", ".join(sorted(task.get_name() for task in pending))
+        log.warning("%d tasks did not stop in time: %s", len(pending), names)
+
+
+async def _wait_event(event: asyncio.Event, timeout: float, what: str) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        raise HrwcronError(f"timed out after {timeout:g} s loading the {what}") from None

@@ -1,0 +1,155 @@
+"""The tick decisions alone, wired to the real parts on the memory ports but with no Scheduler
+and no loops running: the clock is driven by hand and each due tick is evaluated directly."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from hrwcron.adapters.memory import MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.core.model import JobSpec
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.counting import RunCounter
+from hrwcron.engine.decisions import TickDecisions
+from hrwcron.engine.flight import Flight
+from hrwcron.engine.jobs import Job, JobTable
+from hrwcron.engine.ledger import TriggerLedger
+from hrwcron.engine.membership import Membership
+from hrwcron.engine.ports import JobEvent, LastTrigger, NullObserver
+from hrwcron.engine.settings import Settings
+from hrwcron.engine.timer import Timer
+
+from .test_clock_steps import Clocks
+from .test_engine_membership import State
+
+
+@dataclass
+class Outcomes(NullObserver):
+    seen: list[tuple[str, str, int]] = field(default_factory=list)
+
+    def outcome(
+        self,
+        job: str,
+        outcome: str,
+        *,
+        due_ms: int,
+        rank: int,
+        attempt: int,
+        lateness_ms: float | None,
+    ) -> None:
+        self.seen.append((job, outcome, due_ms))
+
+
+@dataclass
+class Engine:
+    clocks: Clocks
+    ticks: TickDecisions
+    table: JobTable
+    ledger: TriggerLedger
+    membership: Membership
+    timer: Timer[Flight]
+    observer: Outcomes
+    submitted: list[list[Flight]]
+
+
+def spawn(coro: object, name: str) -> asyncio.Task[None]:
+    return asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+
+
+async def engine() -> Engine:
+    clocks = Clocks()
+    clock = Clock(clocks.wall, clocks.monotonic)
+    settings = Settings(node_id="a", member_ttl=3.0)
+    observer = Outcomes()
+    store = MemoryJobs()
+    ticks = TickDecisions(
+        settings,
+        clock=clock,
+        observer=observer,
+        counter=RunCounter(None, spawn),
+        jobs_store=store,
+        spawn=spawn,
+    )
+    ledger = TriggerLedger(
+        MemoryTriggers(), observer=observer, newer=ticks.newer_trigger, retry_after=1.0
+    )
+    table = JobTable(
+        settings, store, observer=observer, clock=clock, last=ledger.last, hooks=ticks, spawn=spawn
+    )
+    members = MemoryMembers(3.0, now=clocks.monotonic, server_clock=lambda: clocks.real_ms)
+    membership = Membership(
+        settings,
+        members,
+        instance="a-instance",
+        observer=observer,
+        clock=clock,
+        state=State(),
+        changed=ticks.membership_changed,
+    )
+    submitted: list[list[Flight]] = []
+    timer: Timer[Flight] = Timer(
+        table.jobs,
+        clock,
+        ready=lambda: membership.ready,
+        evaluate=ticks.evaluate,
+        submit=submitted.append,
+    )
+    ticks.attach(table, ledger, membership, timer)
+    await membership.join()
+    membership.refresh()
+    assert [c.node for c in membership.candidates] == ["a"]
+    return Engine(clocks, ticks, table, ledger, membership, timer, observer, submitted)
+
+
+def load(e: Engine, name: str = "j") -> Job:
+    e.table.apply(JobEvent(name, JobSpec(name=name, schedule="@every 1m"), 1))
+    job = e.table.jobs[name]
+    assert job.due is not None
+    assert e.timer.heap[-1][0] == job.due + job.jitter_ms  # the table's hook pushed it
+    return job
+
+
+def due_now(e: Engine, job: Job) -> float:
+    assert job.due is not None
+    e.clocks.advance(job.due + job.jitter_ms + 1 - e.clocks.real_ms)
+    return e.clocks.real_ms
+
+
+async def test_the_owner_acts_on_a_due_tick_once() -> None:
+    e = await engine()
+    job = load(e)
+    acts: list[Flight] = []
+    e.ticks.evaluate(job, due_now(e, job), True, acts)
+    assert [(f.job, f.due, f.rank) for f in acts] == [(job, job.due, 0)]
+    assert job.busy
+
+
+async def test_a_replica_that_is_not_ready_looks_again_without_acting() -> None:
+    e = await engine()
+    job = load(e)
+    acts: list[Flight] = []
+    entry = job.entry
+    e.ticks.evaluate(job, due_now(e, job), False, acts)
+    assert acts == [] and not job.busy
+    assert job.entry == entry + 1 and e.timer.heap[-1][3] == job.entry  # pushed again
+
+
+async def test_a_tick_already_in_the_stream_is_resolved_and_the_next_one_planned() -> None:
+    e = await engine()
+    job = load(e)
+    due = job.due
+    assert due is not None
+    e.ledger.remember(job.subject, LastTrigger(7, "j:x", due))
+    assert e.observer.seen == [("j", "not_owner", due)]
+    assert job.due == due + 60_000
+
+
+async def test_a_tick_past_its_lateness_is_counted_missed_by_its_owner() -> None:
+    e = await engine()
+    job = load(e)
+    due = job.due
+    assert due is not None
+    now = due_now(e, job) + job.spec.max_lateness_ms + 1
+    e.ticks.evaluate(job, now, True, [])
+    assert e.observer.seen == [("j", "missed", due)]
+    assert e.ticks.missed_recently.total(now) == 1

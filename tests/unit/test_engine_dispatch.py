@@ -1,0 +1,125 @@
+"""The dispatcher alone, on the in-memory claims and trigger stream, driven through its
+TickHost interface: a tick is claimed then published once, a tick claimed by a live replica
+is left to it, a published tick is not claimed again, and a late tick is not published."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from hrwcron.adapters.memory import MemoryClaims, MemoryTriggers
+from hrwcron.core.model import JobSpec
+from hrwcron.core.ticks import TickId
+from hrwcron.engine.clock import Clock
+from hrwcron.engine.counting import RunCounter
+from hrwcron.engine.dispatch import Dispatcher
+from hrwcron.engine.failpoints import Failpoints
+from hrwcron.engine.flight import Flight
+from hrwcron.engine.jobs import Job
+from hrwcron.engine.ledger import TriggerLedger
+from hrwcron.engine.ports import NullObserver
+from hrwcron.engine.settings import Settings
+
+
+@dataclass
+class Host:
+    stopping: bool = False
+    acted_on: list[Flight] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def claim_ttl(self, job: Job) -> float:
+        return 30.0
+
+    def holder_live(self, node: str, instance: str) -> bool:
+        return True
+
+    def mark_bad(self, job: Job, problem: str) -> None:
+        self.errors.append(problem)
+
+    def log_error(self, job: Job, tick_key: str, error: str) -> None:
+        self.errors.append(error)
+
+    def acted(self, flight: Flight) -> None:
+        self.acted_on.append(flight)
+
+
+def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    return asyncio.create_task(coro, name=name)
+
+
+def dispatcher(
+    node: str, claims: MemoryClaims, triggers: MemoryTriggers
+) -> tuple[Dispatcher, Host, TriggerLedger]:
+    host = Host()
+    ledger = TriggerLedger(
+        triggers, observer=NullObserver(), newer=lambda s, t: None, retry_after=1.0
+    )
+    clock = Clock()
+    return (
+        Dispatcher(
+            host,
+            Settings(node_id=node),
+            claims=claims,
+            triggers=triggers,
+            runs=None,
+            ledger=ledger,
+            counter=RunCounter(None, spawn),
+            observer=NullObserver(),
+            clock=clock,
+            failpoints=Failpoints({}),
+            instance=f"{node}-instance",
+        ),
+        host,
+        ledger,
+    )
+
+
+def job() -> Job:
+    spec = JobSpec(name="j", schedule="@every 1m")
+    plan = spec.plan()
+    return Job(spec, plan.schedule, plan, spec.trigger_subject("hrwcron.trigger"), 0, 1, 0)
+
+
+def due_now() -> int:
+    return int(time.time() * 1000) // 1000 * 1000
+
+
+async def test_a_tick_is_claimed_then_published_once() -> None:
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    a, host, ledger = dispatcher("a", claims, triggers)
+    tick = Flight(job(), 0, due_now(), 0)
+    await a.run([tick])
+    assert tick.outcome == "started", tick.error
+    assert host.acted_on == [tick]
+    assert [m.headers["Nats-Msg-Id"] for m in triggers.messages] == [tick.msg_id]
+    assert ledger.last[tick.job.subject].msg_id == TickId("j", tick.due).key
+    assert (a.creates, a.reads, a.replaces) == (1, 0, 0)
+
+
+async def test_a_tick_claimed_by_a_live_replica_is_left_to_it_and_a_published_one_is_done() -> None:
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    a, _, ledger_a = dispatcher("a", claims, triggers)
+    b, _, ledger_b = dispatcher("b", claims, triggers)
+    due = due_now()
+    await a.run([Flight(job(), 0, due, 0)])
+    second = Flight(job(), 0, due, 1)
+    await b.run([second])
+    assert second.outcome == "lock_busy"  # its claim is held by a live, ready replica
+    assert second.job.claim_seen is not None and second.job.claim_seen.node == "a"
+    ledger_b.remember(second.job.subject, ledger_a.last[second.job.subject])
+    third = Flight(job(), 0, due, 1)
+    await b.run([third])
+    assert third.outcome == "not_owner"  # in the stream already: no claim is even tried
+    assert len(triggers.messages) == 1
+
+
+async def test_a_tick_past_its_lateness_is_missed_not_published() -> None:
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    a, _, _ = dispatcher("a", claims, triggers)
+    late = Flight(job(), 0, due_now() - 3_600_000, 0)
+    await a.run([late])
+    assert late.outcome == "missed"
+    assert triggers.messages == []
