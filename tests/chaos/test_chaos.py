@@ -219,9 +219,16 @@ def replicas_lost(world: World) -> list[str]:
         path = world.fleet.log_dir / f"{node}.log"
         if not path.exists():
             continue
-        for line in path.read_text(errors="replace").splitlines():
-            if "closed for good" in line or "Traceback" in line:
+        lines = path.read_text(errors="replace").splitlines()
+        for at, line in enumerate(lines):
+            if "closed for good" in line:
                 lost.append(f"{node}: {line}")
+            elif "Traceback" in line:
+                # The log line before the traceback says who logged it; the first unindented
+                # line after it is the exception: both are what a reader of the report needs.
+                before = lines[at - 1] if at else ""
+                raised = next((x for x in lines[at + 1 :] if x and not x[0].isspace()), "")
+                lost.append(f"{node}: {before} | {line} | {raised}")
     return lost
 
 
@@ -366,6 +373,7 @@ def write_report(
     failovers = failover_times(verdict.triggers, run.jobs, leave_events(faults))
     quiet = failover_times(verdict.triggers, run.jobs, leave_events(faults, isolated=True))
     restarts = run.world.restarts
+    lost = replicas_lost(run.world)
     worst = verdict.worst_lateness_ms
     lines = [
         f"# Chaos run: seed {seed}, {duration:g} s of faults",
@@ -381,8 +389,10 @@ def write_report(
         "",
         f"**{len(faults)} faults injected, {verdict.ticks} ticks checked, "
         f"{len(verdict.violations)} violations; worst lateness "
-        f"{(worst or 0) / 1000:.2f} s; {len(replicas_lost(run.world))} replicas lost.**",
+        f"{(worst or 0) / 1000:.2f} s; {len(lost)} replicas lost.**",
         "",
+        *(f"- replica lost: {entry}" for entry in lost),
+        *([""] if lost else []),
         "## Faults",
         "",
         "| fault | count |",
@@ -467,7 +477,8 @@ async def test_long_chaos(
             print((REPORTS / name).read_text())
             assert verdict.ok, run.explain(verdict)
             assert not schedule.errors, schedule.errors
-            assert replicas_lost(run.world) == []
+            lost = replicas_lost(run.world)
+            assert not lost, "\n".join(lost)
 
     await asyncio.wait_for(scenario(), chaos_warmup + chaos_duration + 1_200)
 
