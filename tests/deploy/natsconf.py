@@ -144,14 +144,23 @@ class ShippedCluster:
         return servers
 
     def formed(self) -> bool:
-        """Every node names the same meta leader and passes the full /healthz."""
+        """Every node names the same meta leader, the leader sees every other node current
+        (else an R3 stream created now finds "no suitable peers"), and all pass /healthz."""
         leaders = set()
+        peers_current = 0
         for server in self.servers:
             if not server.healthy():
                 return False
             with contextlib.suppress(OSError, NatsServerError, ValueError):
-                leaders.add(server.jsz().get("meta_cluster", {}).get("leader", ""))
-        return len(leaders) == 1 and "" not in leaders
+                meta = server.jsz().get("meta_cluster", {})
+                leaders.add(meta.get("leader", ""))
+                replicas = meta.get("replicas") or []
+                peers_current = max(
+                    peers_current,
+                    sum(1 for r in replicas if r.get("current") and not r.get("offline")),
+                )
+        formed = len(leaders) == 1 and "" not in leaders
+        return formed and peers_current == len(self.servers) - 1
 
     def stop(self) -> None:
         for server in self.servers:
