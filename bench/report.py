@@ -487,7 +487,7 @@ def results_md(r: Results) -> str:
     if r.hrw:
         lines += ["## 5. " + r.hrw.lstrip("# ").rstrip(), ""]
     lines += durability_section(r.durability)
-    lines += section(r.operator, 6)
+    lines += section(r.operator, 7)
     if r.errors:
         lines += ["## Sections that failed", "", *[f"- {e}" for e in r.errors], ""]
     return "\n".join(lines).rstrip() + "\n"
