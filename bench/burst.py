@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline, PubAck
@@ -112,8 +114,15 @@ class BurstResult:
         return best, len(times) / self.jitter_s
 
 
-async def _floor(dep: Deployment, count: int, in_flight: int) -> tuple[float, list[float]]:
-    """Seconds from the first publish to the last message stored, and each one's offset (ms)."""
+FLOOR_BODY = b'{"v":1,"job":"floor","tick":"floor:0","payload":null}'
+
+
+async def _timed_floor(
+    dep: Deployment, count: int, send: Callable[[Client], Awaitable[None]]
+) -> tuple[float, list[float]]:
+    """Seconds from the first publish to the last of ``count`` messages stored, and each one's
+    offset (ms), when ``send`` publishes them into a stream configured like the trigger
+    stream. Measured like the herd: the last ack would only add the round trip back."""
     nc = await connect(dep.url)
     js = nc.jetstream()
     try:
@@ -129,68 +138,55 @@ async def _floor(dep: Deployment, count: int, in_flight: int) -> tuple[float, li
                 allow_direct=True,
             )
         )
-        body = b'{"v":1,"job":"floor","tick":"floor:0","payload":null}'
+        began_wall = now_ms()
+        await send(nc)
+        stored = await read_stream(js, FLOOR_STREAM, "benchfloor.>")
+        await js.delete_stream(FLOOR_STREAM)
+        if len(stored) != count:
+            raise RuntimeError(f"floor stream holds {len(stored)} of {count} messages")
+        curve = [m.stored_ms - began_wall for m in stored]
+        return max(curve) / 1000, curve
+    finally:
+        await nc.close()
+
+
+async def _floor(dep: Deployment, count: int, in_flight: int) -> tuple[float, list[float]]:
+    """The floor through ``JetStreamContext.publish``, ``in_flight`` tasks at a time."""
+
+    async def send(nc: Client) -> None:
+        js = nc.jetstream()
         slots = asyncio.Semaphore(in_flight)
 
         async def one(i: int) -> None:
             async with slots:
-                await js.publish(f"benchfloor.job-{i}", body, headers={"Nats-Msg-Id": f"job-{i}:0"})
+                await js.publish(
+                    f"benchfloor.job-{i}", FLOOR_BODY, headers={"Nats-Msg-Id": f"job-{i}:0"}
+                )
 
-        began_wall = now_ms()
         await asyncio.gather(*(one(i) for i in range(count)))
-        stored = await read_stream(js, FLOOR_STREAM, "benchfloor.>")
-        await js.delete_stream(FLOOR_STREAM)
-        if len(stored) != count:
-            raise RuntimeError(f"floor stream holds {len(stored)} of {count} messages")
-        curve = [m.stored_ms - began_wall for m in stored]
-        # Measured like the herd: first publish to the last message's stored time (the last
-        # ack only adds the round trip back).
-        return max(curve) / 1000, curve
-    finally:
-        await nc.close()
+
+    return await _timed_floor(dep, count, send)
 
 
 async def _pipelined_floor(dep: Deployment, count: int, window: int) -> tuple[float, list[float]]:
-    """The same as :func:`_floor` through hrwcron's pipelined path: ``window`` publishes
-    written in one go, their acknowledgements awaited, the next ``window`` after them."""
-    nc = await connect(dep.url)
-    js = nc.jetstream()
-    try:
-        await js.add_stream(
-            StreamConfig(
-                name=FLOOR_STREAM,
-                subjects=["benchfloor.>"],
-                retention=RetentionPolicy.LIMITS,
-                storage=StorageType.FILE,
-                num_replicas=dep.replicas,
-                duplicate_window=600.0,
-                discard=DiscardPolicy.OLD,
-                allow_direct=True,
-            )
-        )
-        body = b'{"v":1,"job":"floor","tick":"floor:0","payload":null}'
+    """The floor through hrwcron's pipelined path: ``window`` publishes written in one go,
+    their acknowledgements awaited, the next ``window`` after them."""
+
+    def acked(ack: PubAck) -> int:
+        if ack.error is not None:
+            raise RuntimeError(f"floor publish refused: {ack.error.description}")
+        return ack.seq
+
+    async def send(nc: Client) -> None:
         pipeline = JetStreamPipeline(nc, timeout=60)
-
-        def acked(ack: PubAck) -> int:
-            if ack.error is not None:
-                raise RuntimeError(f"floor publish refused: {ack.error.description}")
-            return ack.seq
-
-        began_wall = now_ms()
         for start in range(0, count, window):
             batch = [
-                (f"benchfloor.job-{i}", body, {"Nats-Msg-Id": f"job-{i}:0"})
+                (f"benchfloor.job-{i}", FLOOR_BODY, {"Nats-Msg-Id": f"job-{i}:0"})
                 for i in range(start, min(count, start + window))
             ]
             await asyncio.gather(*await pipeline.publish_many(batch, acked))
-        stored = await read_stream(js, FLOOR_STREAM, "benchfloor.>")
-        await js.delete_stream(FLOOR_STREAM)
-        if len(stored) != count:
-            raise RuntimeError(f"floor stream holds {len(stored)} of {count} messages")
-        curve = [m.stored_ms - began_wall for m in stored]
-        return max(curve) / 1000, curve
-    finally:
-        await nc.close()
+
+    return await _timed_floor(dep, count, send)
 
 
 async def run(dep: Deployment, jobs: int, jitter_s: float, log: object) -> BurstResult:
