@@ -89,7 +89,8 @@ def _print_next(args: argparse.Namespace, spec: JobSpec, runs_left: int | None) 
     horizon = at + SEARCH_HORIZON_MS
     lines: list[str] = []
     found = 0
-    for _ in range(SEARCH_BUDGET):
+    # One step per line shown, and the search's bound for the stretches between them.
+    for _ in range(wanted + SEARCH_BUDGET):
         due = plan.next_after(at) if found < wanted else None
         if due is None or due > horizon:
             break

@@ -11,7 +11,7 @@ from zoneinfo import available_timezones
 import msgspec
 
 from hrwcron.core.errors import JobSpecError, Problem, ScheduleError
-from hrwcron.core.plan import TickPlan
+from hrwcron.core.plan import Allowance, TickPlan
 
 SCHEMA_VERSION = 1
 DEFAULT_SUBJECT_PREFIX = "hrwcron.trigger"
@@ -204,6 +204,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         check_schedule: bool = True,
         now_ms: int | None = None,
+        allowance: Allowance | None = None,
     ) -> list[Problem]:
         """Every rule this spec breaks (empty when valid). With ``now_ms`` (a write made now,
         through the admin API) also a job that would never fire from now on: an ``@at`` or an
@@ -220,7 +221,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
             found.append(Problem("tz", bad_tz))
         if check_schedule:
             # With a bad zone the expression is still worth checking, in a good one.
-            found += self._plan_problems(now_ms, "UTC" if bad_tz else self.tz)
+            found += self._plan_problems(now_ms, "UTC" if bad_tz else self.tz, allowance)
         if not (0 < self.max_lateness <= 86_400):
             found.append(Problem("max_lateness", "must be more than 0 and at most 86400 seconds"))
         if not (0 <= self.jitter <= 3_600):
@@ -272,14 +273,16 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
                 )
         return found
 
-    def _plan_problems(self, now_ms: int | None, tz: str) -> list[Problem]:
+    def _plan_problems(
+        self, now_ms: int | None, tz: str, allowance: Allowance | None
+    ) -> list[Problem]:
         try:
             plan = self.plan(tz)
         except ScheduleError as exc:
             return [_located(p) for p in exc.problems]
-        late = None if plan.plain else plan.static_problem()
+        late = None if plan.plain else plan.static_problem(allowance)
         if late is None and now_ms is not None:
-            late = plan.never_fires_problem(now_ms)
+            late = plan.never_fires_problem(now_ms, allowance)
         return [] if late is None else [late]
 
     def validate(self, **kwargs: Any) -> JobSpec:

@@ -40,9 +40,11 @@ from hrwcron.core.schedule.civil import schedule_error
 from hrwcron.core.ticks import format_ms
 
 __all__ = [
+    "REQUEST_SEARCH_BUDGET",
     "SEARCH_BUDGET",
     "SEARCH_HORIZON_MS",
     "STATUS_SEARCH_BUDGET",
+    "Allowance",
     "Exclusion",
     "Search",
     "TickPlan",
@@ -53,10 +55,15 @@ __all__ = [
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # How far ahead a search for the next firing tick looks before it says there is none, and how
-# many candidates or skipped stretches it may examine on the way. A day-wide exclusion is
-# stepped over at once, so 100 years of `* * * * *` exclusions cost 36,525 steps.
+# many candidates or covered stretches it may examine on the way. Each exclusion's covered
+# stretch is stepped over whole (a run of excluded days is one step, an expression that matches
+# every time one step for all time), so a real calendar of exclusions needs a few steps; a spec
+# whose answer would take more (exclusions that leave one second a month, say) cannot be decided
+# within the bound and is refused when written, and skipped when found in the bucket. A step is
+# a few microseconds, so the bound is a few milliseconds of work (bench/operator.py measures the
+# worst case over adversarial specs).
 SEARCH_HORIZON_MS = 100 * 366 * DAY_MS
-SEARCH_BUDGET = 200_000
+SEARCH_BUDGET = 2_000
 
 
 def parse_rfc3339(text: object, where: str) -> int:
@@ -88,10 +95,12 @@ def parse_rfc3339(text: object, where: str) -> int:
 @dataclass(frozen=True, slots=True)
 class Search:
     """The outcome of a bounded search for the next tick that fires: ``due`` is that tick,
-    or None when there is none before ``until`` (``complete``) or the budget ran out first."""
+    or None when there is none before ``until`` (``complete``) or the budget ran out first;
+    ``steps`` is the work it took, for callers that share one budget between searches."""
 
     due: int | None
     complete: bool
+    steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,31 +214,36 @@ class TickPlan:
         ``until`` (default: :data:`SEARCH_HORIZON_MS` ahead) and at most ``budget`` steps."""
         limit = instant + SEARCH_HORIZON_MS if until is None else until
         t = instant
-        for _ in range(budget):
+        for step in range(1, max(1, budget) + 1):
             due = self.next_after(t)
             if due is None or due > limit:
-                return Search(None, True)
+                return Search(None, True, step)
             exclusion = self.excluded_by(due)
             if exclusion is None:
-                return Search(due, True)
+                return Search(due, True, step)
             t = max(due, exclusion.covered_until(due) - 1)
-        return Search(None, False)
+        return Search(None, False, max(1, budget))
 
     def iter_firing(self, instant: int, *, budget: int = SEARCH_BUDGET) -> Iterator[int]:
         """Ticks after ``instant`` that fire (excluded ones left out), ascending, lazily; ends
-        with the window, or when ``budget`` steps find nothing within the search horizon."""
+        with the window, or once ``budget`` steps in all (not per tick) are spent."""
         t = instant
-        while True:
-            found = self.search(t, budget=budget)
+        left = budget
+        while left > 0:
+            found = self.search(t, budget=left)
+            left -= found.steps
             if found.due is None:
                 return
             yield found.due
             t = found.due
 
-    def never_fires_problem(self, now_ms: int) -> Problem | None:
-        """Why no tick after ``now_ms`` would ever fire, or None when one will (or the search
-        could not tell within its budget). For writes that happen now: a config file applied
-        again later is held to :meth:`static_problem` only."""
+    def never_fires_problem(
+        self, now_ms: int, allowance: Allowance | None = None
+    ) -> Problem | None:
+        """Why no tick after ``now_ms`` would ever fire, or None when one will: also a plan
+        whose next firing tick the bounded search cannot find (see :data:`SEARCH_BUDGET`).
+        For writes that happen now: a config file applied again later is held to
+        :meth:`static_problem` only."""
         at = self.schedule.at_ms
         if at is not None and at <= now_ms:
             return Problem(
@@ -243,11 +257,12 @@ class TickPlan:
                 f"{format_ms(self.end_ms)} has passed (server time {format_ms(now_ms)}): "
                 "the job would never fire",
             )
-        return self._empty_problem(now_ms, "every remaining tick")
+        return self._empty_problem(now_ms, "every remaining tick", allowance)
 
-    def static_problem(self) -> Problem | None:
+    def static_problem(self, allowance: Allowance | None = None) -> Problem | None:
         """Why the plan has no tick that fires at all, whatever the time, or None. The answer
-        never changes as time passes, so a file that loaded once keeps loading."""
+        never changes as time passes, so a file that loaded once keeps loading. A request
+        that checks many plans shares one ``allowance`` of search steps between them."""
         at = self.schedule.at_ms
         if at is not None:
             if self.start_ms is not None and at < self.start_ms:
@@ -259,16 +274,33 @@ class TickPlan:
             begin = self.start_ms - 1
         else:
             begin = 0  # no start: a search from 1970 stands for "some time"
-        return self._empty_problem(begin, "every tick")
+        return self._empty_problem(begin, "every tick", allowance)
 
-    def _empty_problem(self, after: int, which: str) -> Problem | None:
+    def _empty_problem(self, after: int, which: str, allowance: Allowance | None) -> Problem | None:
         if self.next_after(after) is None:
             if self.end_ms is None:
                 return None  # the schedule itself ends (a one-time schedule): not the window's
             return Problem("end", "no instant of the schedule falls between start and end")
-        found = self.search(after, until=self.end_ms)
-        if found.due is not None or not found.complete:
+        if self.plain:
+            return None  # every tick of the schedule fires
+        shared = allowance or Allowance(SEARCH_BUDGET)
+        found = shared.search(self, after, until=self.end_ms, most=SEARCH_BUDGET)
+        if found.due is not None:
             return None
+        if not found.complete and shared.left <= 0 and found.steps < SEARCH_BUDGET:
+            return Problem(
+                "exclude",
+                "could not be checked: this request spent its allowance of search steps on "
+                "other jobs' exclusions; send jobs with exclusions in smaller requests",
+            )
+        if not found.complete:
+            return Problem(
+                "exclude",
+                f"leave so few ticks that {SEARCH_BUDGET} steps of search found none that "
+                f"fires after {format_ms(after)}: whether the job ever fires cannot be decided "
+                "in bounded work; use fewer, wider exclusions (whole days, a range of days or "
+                "local times, a coarser cron field)",
+            )
         until = f" up to end ({format_ms(self.end_ms)})" if self.end_ms is not None else ""
         return Problem("exclude", f"removes {which}{until}: the job would never fire")
 
@@ -295,9 +327,38 @@ def lifecycle(
     return "active"
 
 
-# How far a status read looks past excluded ticks for the next one that fires: enough to step
-# over weeks of excluded days, cheap enough for thousands of jobs per request.
+# How far a status read looks past excluded ticks for the next one that fires, per job and for
+# one whole request (a page of up to 10,000 jobs, the timeline): each excluded stretch is one
+# step, so a real calendar needs a handful; a request that spends its allowance shows the rest
+# as unknown rather than holding the replica.
 STATUS_SEARCH_BUDGET = 2_000
+REQUEST_SEARCH_BUDGET = 100_000
+
+
+class Allowance:
+    """Search steps that several searches share (one status request, one timeline): each
+    search may take up to what is left, and pays for what it used."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, steps: int = REQUEST_SEARCH_BUDGET) -> None:
+        self.left = steps
+
+    def search(
+        self,
+        plan: TickPlan,
+        instant: int,
+        *,
+        until: int | None = None,
+        most: int = STATUS_SEARCH_BUDGET,
+    ) -> Search:
+        """``plan.search(instant, until=until)`` on at most ``most`` of the steps left;
+        nothing found, and ``complete`` False, once the allowance is spent."""
+        if self.left <= 0:
+            return Search(None, False)
+        found = plan.search(instant, until=until, budget=min(most, self.left))
+        self.left -= found.steps
+        return found
 
 
 @lru_cache(maxsize=4096)

@@ -4,6 +4,7 @@ previous wall-clock time they match, with the Vixie day rule."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from hrwcron.core.schedule.civil import (
     _DAYS_IN_MONTH,
@@ -91,6 +92,33 @@ class _Cron:
             for first in range(7)
         )
 
+    def covered_run_end(self, sec: int, span: int) -> int:
+        """For a matching wall second ``sec``: the first wall second after the run of whole
+        ``span`` units (the finest field that is not ``*``) that match from it on. Within one
+        coarser unit the field's gap table answers at once; a field that is not ``*`` has a gap
+        in every coarser unit, so the run ends within two of them. Runs of days are walked a
+        day at a time, at most :data:`_DAY_RUN` days."""
+        if span == 86_400:
+            day = sec - sec % span + span
+            for _ in range(_DAY_RUN):
+                if self.next_wall(day) != day:
+                    break
+                day += span
+            return day
+        table, size = {1: (self.seconds, 60), 60: (self.minutes, 60)}.get(span, (self.hours, 24))
+        gaps = _gap_table(table, size)
+        coarse = span * size
+        base = sec - sec % coarse
+        value = sec % coarse // span
+        for _ in range(2):
+            if gaps[value] < size:
+                return base + gaps[value] * span
+            base += coarse
+            if self.next_wall(base) != base:
+                return base
+            value = 0
+        return base
+
     def next_wall(self, sec: int) -> int | None:
         """The first matching wall-clock second >= ``sec`` (seconds since 1970-01-01 local)."""
         days, rem = divmod(sec, 86_400)
@@ -131,6 +159,23 @@ class _Cron:
                 continue
             return _days_from_civil(y, mo, d) * 86_400 + h * 3_600 + mi * 60 + s2
         return None
+
+
+# A run of matching days with hours and minutes '*' (a day-of-week range, some months): a run
+# longer than this is stepped over in several strides.
+_DAY_RUN = 400
+
+
+@lru_cache(maxsize=1024)
+def _gap_table(table: tuple[int, ...], size: int) -> tuple[int, ...]:
+    """``gaps[v]``: the smallest value >= v that the field leaves out, or ``size``."""
+    gaps = [size] * (size + 1)
+    nxt = size
+    for v in range(size - 1, -1, -1):
+        if table[v] != v:
+            nxt = v
+        gaps[v] = nxt
+    return tuple(gaps)
 
 
 def _compile(fields: list[str], job: str | None) -> _Cron:
@@ -181,6 +226,16 @@ def _compile(fields: list[str], job: str | None) -> _Cron:
 
 def _full(table: tuple[int, ...], size: int) -> bool:
     return all(table[v] == v for v in range(size))
+
+
+def _covers_every_instant(cron: _Cron, resolution: int) -> bool:
+    """Whether ``cron`` matches every wall time (``* * * * *``): as an exclusion it leaves
+    nothing, which a search should learn in one step rather than one day at a time."""
+    return (
+        _whole_span_s(cron, resolution) == 86_400
+        and cron.all_days
+        and all(cron.months[m] == m for m in range(1, 13))
+    )
 
 
 def _whole_span_s(cron: _Cron, resolution: int) -> int:

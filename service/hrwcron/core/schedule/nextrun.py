@@ -21,7 +21,7 @@ from hrwcron.core.schedule.civil import (
     schedule_error,
     wall_ms,
 )
-from hrwcron.core.schedule.cron import _compile, _Cron, _whole_span_s
+from hrwcron.core.schedule.cron import _compile, _covers_every_instant, _Cron, _whole_span_s
 from hrwcron.core.schedule.durations import MAX_EVERY_MS, MIN_EVERY_MS, _duration_ms
 from hrwcron.core.schedule.fields import _HASH_ITEM, MACROS, MAX_EXPRESSION_LENGTH
 
@@ -46,6 +46,7 @@ class Schedule:
     # longest unit (second, minute, hour, day) it always covers whole; for exclusions.
     _resolution_s: int = field(default=60, compare=False, repr=False)
     _span_s: int = field(default=60, compare=False, repr=False)
+    _covers_all: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Built directly rather than through parse (a copy, a test): derive the rest from expr.
@@ -60,6 +61,7 @@ class Schedule:
                 "_at_ms",
                 "_resolution_s",
                 "_span_s",
+                "_covers_all",
             ):
                 object.__setattr__(self, name, getattr(parsed, name))
 
@@ -86,12 +88,17 @@ class Schedule:
         return cron.next_wall(base) == base
 
     def covered_until(self, instant: int) -> int:
-        """For an instant this expression :meth:`covers`: the first instant after the longest
-        whole unit around it that the expression covers entirely (its minute, hour or day,
-        when the finer fields are ``*``), so a search can step over a covered stretch."""
-        wall = wall_ms(instant, self.tz)
-        span = self._span_s * 1000
-        return instant_of_wall((wall // span + 1) * span, self.tz, after=instant)
+        """For an instant this expression :meth:`covers`: the first instant after the run of
+        whole units around it that the expression covers entirely (seconds, minutes, hours or
+        days: the finest unit whose field is not ``*``), so a search steps over a covered
+        stretch at once instead of unit by unit. An expression that matches every wall time
+        covers up to the end of the supported years."""
+        if self._covers_all:
+            return _MAX_MS
+        cron = self._cron
+        assert cron is not None
+        unit = cron.covered_run_end(wall_ms(instant, self.tz) // 1000, self._span_s)
+        return instant_of_wall(unit * 1000, self.tz, after=instant)
 
     @classmethod
     def parse(cls, expr: str, tz: str = "UTC", *, job: str | None = None) -> Schedule:
@@ -249,6 +256,7 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
         _zones=zones,
         _resolution_s=resolution,
         _span_s=_whole_span_s(cron, resolution),
+        _covers_all=_covers_every_instant(cron, resolution),
     )
 
 
