@@ -27,6 +27,7 @@ from hrwcron.core.errors import HrwcronError
 from hrwcron.engine.failpoints import ENV as FAILPOINTS
 from hrwcron.process.app import open_stores
 from hrwcron.worker import DONE, Processed, Trigger, Worker
+from hrwcron.worker.records import tick_record_key
 
 from .replicas import replica_config
 from .workers import STREAM, marker, publish, revision, settled
@@ -262,7 +263,7 @@ async def test_a_heartbeat_write_in_flight_when_the_handler_returns_is_kept(
 
     async def handler(trigger: Trigger) -> None:
         if trigger.job == "beat.record":
-            key = f"beats.{trigger.tick.replace(':', '.')}"
+            key = f"beats.{tick_record_key(trigger.tick)}"
             begun = await revision(nc, "hrwcron_processed", key)
             await wait_for_async(
                 lambda: _advanced(nc, "hrwcron_processed", key, begun), timeout=DEADLINE
@@ -306,7 +307,7 @@ async def test_slow_replies_neither_lose_nor_repeat_a_tick(
 
     async def handler(trigger: Trigger) -> None:
         runs.append(trigger.tick)
-        key = f"slow.{trigger.tick.replace(':', '.')}"
+        key = f"slow.{tick_record_key(trigger.tick)}"
         begun = await revision(nc, "hrwcron_processed", key)
         # Two heartbeats landed: the handler spans writes in flight.
         for _ in range(2):

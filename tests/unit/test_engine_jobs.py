@@ -26,6 +26,7 @@ class Hooks:
         self.prepared: list[str] = []
         self.loaded_jobs: list[Job] = []
         self.unknown: list[str] = []
+        self.removed_jobs: list[str] = []
         self.refuse: set[str] = set()
 
     def prepare(self, job: Job) -> None:
@@ -38,6 +39,9 @@ class Hooks:
 
     def runs_unknown(self, name: str) -> None:
         self.unknown.append(name)
+
+    def removed(self, job: Job) -> None:
+        self.removed_jobs.append(job.spec.name)
 
 
 class Spawned:

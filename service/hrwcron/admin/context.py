@@ -16,6 +16,7 @@ from hrwcron.admin.api import (
 from hrwcron.admin.replies import CATCH_UP_S, REPLY_RESERVE, ApiError, Page
 from hrwcron.core.errors import Problem
 from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec
+from hrwcron.core.plan import Allowance
 from hrwcron.engine.ports import (
     JobEvent,
     JobsPort,
@@ -115,11 +116,17 @@ class ServiceContext:
             self._names = (revision, sorted([*scheduler.jobs, *scheduler.skipped]))
         return self._names[1]
 
-    def _spec_problems(self, spec: JobSpec) -> list[Problem]:
+    def _spec_problems(self, spec: JobSpec, allowance: Allowance | None = None) -> list[Problem]:
+        """Every problem of a spec written now; a bulk request checks its items on one
+        ``allowance`` of search steps, so its cost is bounded whatever it holds."""
         settings = self._scheduler.settings
         found = [
             Problem(f"spec.{p.where}" if p.where else "spec", p.message)
-            for p in spec.problems(prefix=settings.subject_prefix, max_payload=settings.max_payload)
+            for p in spec.problems(
+                prefix=settings.subject_prefix,
+                max_payload=settings.max_payload,
+                allowance=allowance,
+            )
         ]
         if not any(p.where == "spec.payload" for p in found):
             size = len(msgspec.json.encode(spec.payload))

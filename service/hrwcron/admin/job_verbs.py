@@ -38,8 +38,15 @@ from hrwcron.admin.replies import (
 from hrwcron.core.errors import (
     Problem,
 )
+from hrwcron.core.plan import REQUEST_SEARCH_BUDGET, Allowance
+from hrwcron.engine.pacing import Slices
 
 log = logging.getLogger("hrwcron.admin")
+
+# Search steps a bulk write may spend checking its items' exclusions, all items together: a
+# real calendar of exclusions costs a handful of steps per job, so 10,000 such jobs fit, while
+# a request of specs built to exhaust the search is bounded (refused past it, item by item).
+BULK_SEARCH_BUDGET = 2 * REQUEST_SEARCH_BUDGET
 
 
 class JobVerbs(ServiceContext):
@@ -141,8 +148,12 @@ class JobVerbs(ServiceContext):
         if not await self._caught_up():
             raise behind()
         plan = BulkPlan(self._scheduler)
+        allowance = Allowance(BULK_SEARCH_BUDGET)
+        slices = Slices()
         for index, raw in enumerate(request.jobs):
-            plan.add_put(index, raw, self._spec_problems)
+            plan.add_put(index, raw, lambda spec: self._spec_problems(spec, allowance))
+            if slices.spent():
+                await asyncio.sleep(0)
         for index, raw in enumerate(request.delete):
             plan.add_delete(index, raw)
         if request.atomic and plan.refusals:

@@ -36,7 +36,7 @@ async def summary(scheduler: Scheduler) -> StatusSummary:
         paused=paused,
         bad=len(scheduler.skipped) + failing,
         owned=owned,
-        no_owner=max(0, len(scheduler.jobs) - sum(owned.values())),
+        no_owner=scheduler.counted_jobs - sum(owned.values()),
         missed_last_hour=scheduler.missed_recently.total(scheduler.clock.now_ms()),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 
@@ -32,7 +33,9 @@ from hrwcron.admin.replies import (
     epoch_ms,
 )
 from hrwcron.core.model import TriggerMessage
+from hrwcron.core.plan import SEARCH_BUDGET, Allowance
 from hrwcron.core.ticks import TickId, format_ms, manual_claim_key
+from hrwcron.engine.pacing import Slices
 from hrwcron.engine.ports import (
     HEADER_KIND,
     TriggerRecord,
@@ -112,11 +115,23 @@ class RunVerbs(ServiceContext):
             )
         job = await self._loaded(request.name)
         due: list[int] = []
-        # The job's ticks that fire: its window and exclusions apply to a backfill too.
-        for instant in job.plan.iter_firing(start - 1):
-            if instant > end:
-                break
-            due.append(instant)
+        # The job's ticks that fire: its window and exclusions apply to a backfill too. The
+        # search is bounded: a step per tick listed, and the search bound for the gaps.
+        allowance = Allowance(MAX_BACKFILL + SEARCH_BUDGET)
+        after = start - 1
+        while True:
+            found = allowance.search(job.plan, after, until=end, most=SEARCH_BUDGET)
+            if found.due is None:
+                if found.complete:
+                    break
+                raise ApiError(
+                    "too_large",
+                    f"from/to: the exclusions of {request.name!r} leave its ticks too sparse "
+                    "to list in bounded work; give a shorter range",
+                    "from",
+                )
+            due.append(found.due)
+            after = found.due
             if len(due) > MAX_BACKFILL:
                 raise ApiError(
                     "too_large",
@@ -238,7 +253,11 @@ class RunVerbs(ServiceContext):
         page = self._page(request.max_bytes, reply)
         jobs: list[JobStatus] = reply.jobs
         shown = 0
+        allowance = Allowance()
+        slices = Slices()
         for name in names[: request.limit]:
+            if slices.spent():
+                await asyncio.sleep(0)
             job = scheduler.jobs.get(name)
             if job is None:
                 shown += 1
@@ -246,7 +265,7 @@ class RunVerbs(ServiceContext):
             spec = job.spec
             order = scheduler.ranking_of(name)
             last = scheduler.last.get(job.subject)
-            progress = scheduler.progress(name)
+            progress = scheduler.progress(name, allowance)
             due = progress.next_due
             status = JobStatus(
                 name=name,

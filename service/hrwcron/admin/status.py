@@ -19,7 +19,9 @@ import msgspec
 from hrwcron import __version__
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.jobtable import by_due, format_due_cursor, parse_due_cursor, summary
+from hrwcron.core.plan import Allowance
 from hrwcron.core.ticks import format_ms
+from hrwcron.engine.pacing import Slices
 from hrwcron.engine.scheduler import Scheduler
 
 DEFAULT_LIMIT = 100
@@ -30,6 +32,7 @@ TIMELINE_BUCKET_MS = 60_000
 # timeline says it is partial rather than spending the event loop on a picture.
 TIMELINE_TICK_BUDGET = 20_000
 TIMELINE_JOB_BUDGET = 2_000
+TIMELINE_SEARCH_BUDGET = 50_000
 PAYLOAD_PREVIEW = 200
 _SLICE = 500
 
@@ -169,13 +172,17 @@ class ReplicaStatus:
     async def _jobs(self, names: list[str]) -> list[dict[str, Any]]:
         s = self.scheduler
         out = []
-        for index, name in enumerate(names):
+        allowance = Allowance()
+        slices = Slices()
+        for name in names:
+            if slices.spent():
+                await asyncio.sleep(0)
             job = s.jobs.get(name)
             if job is None:  # deleted while this request yielded
                 continue
             spec = job.spec
             order = s.ranking_of(name)
-            progress = s.progress(name)
+            progress = s.progress(name, allowance)
             due = progress.next_due
             fire = due + job.jitter_ms if due is not None else None
             out.append(
@@ -205,8 +212,6 @@ class ReplicaStatus:
                     "problem": job.problem,
                 }
             )
-            if index % _SLICE == _SLICE - 1:
-                await asyncio.sleep(0)
         return out
 
     async def _owned(self, limit: int, now: float) -> list[dict[str, Any]]:
@@ -236,18 +241,24 @@ class ReplicaStatus:
         return out
 
     async def _timeline(self, now: float) -> dict[str, Any]:
-        """Ticks of the next hour per owner in one-minute buckets, as ranked right now."""
+        """Ticks of the next hour per owner in one-minute buckets, as ranked right now. The
+        work is bounded by ticks counted and by search steps spent, not by what the hour
+        holds: past either bound the timeline says it is partial."""
         s = self.scheduler
         start = int(now) // TIMELINE_BUCKET_MS * TIMELINE_BUCKET_MS
         end = int(now) + TIMELINE_MS
         buckets = -(-(end - start) // TIMELINE_BUCKET_MS)
         rows: dict[str, list[int]] = {node: [0] * buckets for node in self.telemetry.live}
+        allowance = Allowance(TIMELINE_SEARCH_BUDGET)
+        slices = Slices()
         spent = 0
         partial = False
         for index, name in enumerate(sorted(s.jobs)):
             if index >= TIMELINE_JOB_BUDGET or spent >= TIMELINE_TICK_BUDGET:
                 partial = True
                 break
+            if slices.spent():
+                await asyncio.sleep(0)
             job = s.jobs.get(name)
             if job is None or job.spec.paused or job.due is None:
                 continue
@@ -255,17 +266,19 @@ class ReplicaStatus:
             if not order:
                 continue
             row = rows.setdefault(order[0], [0] * buckets)
-            left = s.progress(name).runs_left
-            for count, due in enumerate(job.plan.iter_firing(int(now) - 1)):
-                fire = due + job.jitter_ms
-                if fire >= end or (left is not None and count >= left):
+            left = s.progress(name, allowance).runs_left
+            after, count = int(now) - 1, 0
+            while left is None or count < left:
+                found = allowance.search(job.plan, after, until=end - job.jitter_ms - 1)
+                if found.due is None:
+                    partial = partial or not found.complete
                     break
-                row[(fire - start) // TIMELINE_BUCKET_MS] += 1
-                spent += 1
+                row[(found.due + job.jitter_ms - start) // TIMELINE_BUCKET_MS] += 1
+                after, count, spent = found.due, count + 1, spent + 1
                 if spent >= TIMELINE_TICK_BUDGET:
                     partial = True
                     break
-                if spent % 2000 == 0:
+                if slices.spent():
                     await asyncio.sleep(0)
         return {
             "start_ms": start,

@@ -123,6 +123,9 @@ class TickDecisions:
     def runs_unknown(self, name: str) -> None:
         self._counter.forget(name)
 
+    def removed(self, job: Job) -> None:
+        self.owned_dirty.set()
+
     def newer_trigger(self, subject: str, seen: LastTrigger) -> None:
         name = self._table.by_subject.get(subject)
         job = self.jobs.get(name) if name else None

@@ -82,6 +82,9 @@ class JobHooks(Protocol):
     def runs_unknown(self, name: str) -> None:
         """A job appeared or went away: its run count must be read again."""
 
+    def removed(self, job: Job) -> None:
+        """A job left the table (deleted, or replaced by a spec that cannot be loaded)."""
+
 
 class JobTable:
     """The loaded jobs by name and by trigger subject, and the specs that were skipped."""
@@ -210,6 +213,8 @@ class JobTable:
             # A job that (re)appears reads its run count again: deleting it may have reset it.
             self._hooks.runs_unknown(event.name)
         if event.spec is None or event.error:
+            if old is not None:
+                self._hooks.removed(old)
             return
         try:
             job = self._load(event, old)

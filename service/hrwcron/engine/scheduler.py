@@ -26,7 +26,7 @@ from typing import Any
 from hrwcron.core import hrw
 from hrwcron.core.errors import HrwcronError, NotFoundError
 from hrwcron.core.model import JobSpec
-from hrwcron.core.plan import STATUS_SEARCH_BUDGET, lifecycle
+from hrwcron.core.plan import Allowance, lifecycle
 from hrwcron.core.planner import Candidate, ranking
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.counting import RunCounter
@@ -90,8 +90,10 @@ class Scheduler:
         self._counter = RunCounter(counts, self._spawn)
         self._observer = observer
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Jobs per owner as of the last recount: what operators see besides the running jobs.
+        # Jobs per owner as of the last recount, and how many jobs that recount saw: what
+        # operators see besides the running jobs (the rest of those had no owner).
         self.owned_counts: dict[str, int] = {}
+        self.counted_jobs = 0
         self._ticks = ticks = TickDecisions(
             settings,
             clock=self.clock,
@@ -304,6 +306,7 @@ class Scheduler:
                         owners[order[0]] += 1
                 await asyncio.sleep(0)
             self.owned_counts = dict(owners)
+            self.counted_jobs = len(jobs)
             self._observer.owned(owners[self.node])
             await asyncio.sleep(1.0)  # coalesce bursts of changes into one recount
 
@@ -322,15 +325,16 @@ class Scheduler:
         job = self.jobs.get(name)
         return self._membership.ranking_of(name, job.spec.tags if job else [])
 
-    def progress(self, name: str) -> Progress:
+    def progress(self, name: str, allowance: Allowance | None = None) -> Progress:
         """Where a job stands: its state, the next tick that fires (excluded ones passed
-        over), and for max_runs its runs so far and left (None while the count is unread)."""
+        over, searched on ``allowance``, which a request shares between its jobs), and for
+        max_runs its runs so far and left (None while the count is unread)."""
         job = self.jobs[name]
         done = self.runs_done(name) if job.spec.max_runs is not None else None
         left = None if done is None else max(0, (job.spec.max_runs or 0) - done)
         due = None if job.spec.paused or left == 0 else job.due
         if due is not None and job.plan.excluded(due):
-            due = job.plan.search(due, budget=STATUS_SEARCH_BUDGET).due
+            due = (allowance or Allowance()).search(job.plan, due).due
         state = lifecycle(
             job.plan,
             paused=job.spec.paused,

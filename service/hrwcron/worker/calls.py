@@ -50,6 +50,15 @@ class Run:
     def job(self) -> str:
         return self.message.job
 
+    @property
+    def published_ms(self) -> int | None:
+        """When the trigger was stored in the stream (None when the message does not say)."""
+        try:
+            stamp = self.msg.metadata.timestamp
+        except Exception:  # not a JetStream message (a test's stand-in)
+            return None
+        return None if stamp is None else int(stamp.timestamp() * 1000)
+
 
 class RunCalls:
     """The per-run NATS calls of :class:`~hrwcron.worker.consumer.Worker`, which sets these."""

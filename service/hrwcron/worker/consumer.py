@@ -309,7 +309,7 @@ class Worker(ConsumerSetup, RunCalls):
             try:
                 if self._faults:
                     await self._faults.hit("worker_begin", run.job)
-                state, revision = await processed.begin(run.tick, run.owner)
+                state, revision = await processed.begin(run.tick, run.owner, run.published_ms)
             except Exception as exc:
                 self._error(run, "cannot read or write its processed record", exc, "retrying")
             else:
@@ -382,7 +382,14 @@ class Worker(ConsumerSetup, RunCalls):
                     raise
                 await self._failed(run, beat, span, exc)  # the handler raised it itself
                 return
-            except Exception as exc:
+            except (KeyboardInterrupt, SystemExit) as exc:
+                # The process is being stopped: release the tick cleanly for another delivery
+                # (counted as a failure of this run), then let the stop go on.
+                await self._failed(run, beat, span, exc)
+                raise
+            except BaseException as exc:
+                # Any other exception a handler raises, a BaseException subclass included, is
+                # a failure of this run: nak with the configured delay, counted and logged.
                 await self._failed(run, beat, span, exc)
                 return
             if self._faults:

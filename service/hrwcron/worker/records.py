@@ -3,7 +3,9 @@ and :class:`RunMarker` (what the scheduler reads to skip ticks of ``overlap = "s
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -20,6 +22,7 @@ from nats.js.kv import KeyValue
 from hrwcron.adapters.jetstream.kv import conditional_put, last_message
 from hrwcron.adapters.jetstream.pipeline import WRONG_LAST_SEQUENCE
 from hrwcron.core.errors import HrwcronError
+from hrwcron.core.ticks import CLAIM_DUE, CLAIM_MANUAL, claim_key
 from hrwcron.worker.errors import WorkerSetupError
 
 log = logging.getLogger("hrwcron.worker")
@@ -30,9 +33,27 @@ RUN_MARKER_TTL = 30.0  # the runs bucket's TTL, as provisioned by the replicas
 DEFAULT_PROCESSED_TTL = 86_400.0  # when the trigger stream keeps messages forever
 
 
-def _kv_key(tick: str) -> str:
-    # KV keys allow dots but not colons; tick keys are ``<job>:<due>`` or ``<job>:manual:<id>``.
+def _legacy_kv_key(tick: str) -> str:
+    # The key earlier versions wrote: colons made dots, which let ``sec:manual:<T>`` (a manual
+    # trigger of job ``sec``) and ``sec.manual:<T>`` (a tick of job ``sec.manual``) share one.
     return tick.replace(":", ".")
+
+
+def tick_record_key(tick: str) -> str:
+    """The processed key of a tick key, as the claims bucket keys ticks: ``<job>.due.<ms>``
+    for ``<job>:<ms>``, ``<job>.manual.<id>`` for ``<job>:manual:<id>``. A job name holds no
+    colon and the last two tokens are always kind and value, so no two ticks share a key,
+    whatever the job names and trigger ids. A tick key of neither shape (not one a replica
+    publishes) gets a key of its own under ``other``."""
+    parts = tick.split(":")
+    if len(parts) == 2 and parts[0] and parts[1].isdigit():
+        return claim_key(parts[0], CLAIM_DUE, parts[1])
+    if len(parts) == 3 and parts[0] and parts[1] == CLAIM_MANUAL and _TOKEN.fullmatch(parts[2]):
+        return claim_key(parts[0], CLAIM_MANUAL, parts[2])
+    return f"other.{hashlib.sha256(tick.encode()).hexdigest()[:32]}"
+
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def now_ms() -> int:
@@ -96,7 +117,12 @@ class Processed:
 
     Every write names the revision it replaces, so a write that timed out and lands later
     cannot undo a newer one; a run that finds its own newer record (its earlier write landed
-    after all) goes on from there."""
+    after all) goes on from there.
+
+    Records written by earlier versions sit under :func:`_legacy_kv_key`. A tick published
+    before ``legacy_before_ms`` (when this worker started) may have been run by one, so its
+    legacy record is read once before it runs: a *done* one makes it a duplicate. Later
+    ticks cannot have one, so they pay nothing and cannot be hit by its collision."""
 
     def __init__(
         self,
@@ -106,12 +132,14 @@ class Processed:
         namespace: str,
         ttl: float = DEFAULT_PROCESSED_TTL,
         lease: float = 30.0,
+        legacy_before_ms: int = 0,
     ) -> None:
         self._js = js
         self.bucket = bucket
         self.namespace = namespace
         self.ttl = ttl
         self.lease = lease
+        self.legacy_before_ms = legacy_before_ms
 
     @classmethod
     async def open(
@@ -145,10 +173,21 @@ class Processed:
                 f"bucket {bucket} does not allow per-message TTL (allow_msg_ttl); delete it "
                 "so the worker recreates it, or name another bucket"
             )
-        return cls(js, bucket, namespace=namespace, ttl=ttl, lease=lease)
+        return cls(js, bucket, namespace=namespace, ttl=ttl, lease=lease, legacy_before_ms=now_ms())
 
     def key(self, tick: str) -> str:
-        return f"{self.namespace}.{_kv_key(tick)}"
+        return f"{self.namespace}.{tick_record_key(tick)}"
+
+    async def _legacy_done(self, tick: str) -> bool:
+        _, data = await last_message(
+            self._js, self.bucket, f"{self.namespace}.{_legacy_kv_key(tick)}"
+        )
+        if data is None:
+            return False
+        try:
+            return msgspec.json.decode(data, type=_Record).state == FINISHED
+        except msgspec.MsgspecError:
+            return False
 
     async def _write(self, tick: str, state: str, owner: str, last: int) -> int | None:
         record = msgspec.json.encode(_Record(state, owner, now_ms()))
@@ -165,12 +204,19 @@ class Processed:
         except msgspec.MsgspecError:
             return _Record(RELEASED, "", 0), last  # unreadable: anyone may claim it, by CAS
 
-    async def begin(self, tick: str, owner: str) -> tuple[str, int]:
+    async def begin(
+        self, tick: str, owner: str, published_ms: int | None = None
+    ) -> tuple[str, int]:
         """``(RUN, revision)`` when ``owner`` should run the tick, ``(DONE, revision)`` when it
-        was processed already, ``(BUSY, revision)`` while another run holds it."""
+        was processed already, ``(BUSY, revision)`` while another run holds it.
+        ``published_ms`` is when the trigger was stored, for the legacy record check."""
         for _ in range(5):
             revision = await self._write(tick, RUNNING, owner, 0)
             if revision is not None:
+                legacy = published_ms is not None and published_ms < self.legacy_before_ms
+                if legacy and await self._legacy_done(tick):
+                    done = await self._rewrite(tick, FINISHED, owner, revision)
+                    return DONE, done or revision
                 return RUN, revision
             record, last = await self.read(tick)
             if record is None:
