@@ -10,7 +10,10 @@ import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from harness import LOOPBACK, NatsServer, NatsServerError, free_ports, wait_for
+import nats
+from nats.aio.client import Client
+
+from harness import LOOPBACK, NatsServer, NatsServerError, free_ports, wait_for, wait_for_async
 
 ROOT = Path(__file__).resolve().parents[2]
 NATS_DIR = ROOT / "nats"
@@ -18,6 +21,8 @@ ACCOUNTS = NATS_DIR / "accounts.conf"
 NODE_FILES = sorted((NATS_DIR / "cluster").glob("node-*.conf"))
 CONFIG_FILES = [NATS_DIR / "single.conf", *NODE_FILES]
 ROLES = ("scheduler", "worker", "admin")
+# Where the WORKERS account of accounts.conf imports the scheduler account's JetStream API.
+WORKER_API_PREFIX = "$JS.hrwcron.API"
 
 
 def password_env(role: str) -> str:
@@ -169,3 +174,49 @@ class ShippedCluster:
     def logs(self) -> Iterator[tuple[str, str]]:
         for i, server in enumerate(self.servers, 1):
             yield f"nats-{i}", server.log_text()
+
+
+class Session:
+    """A connection as one role, with every asynchronous error the server sent it."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.nc: Client | None = None
+
+    async def open(self, urls: list[str], user: str, password: str) -> Session:
+        async def on_error(exc: Exception) -> None:
+            self.errors.append(str(exc))
+
+        self.nc = await nats.connect(
+            servers=urls,
+            user=user,
+            password=password,
+            error_cb=on_error,
+            max_reconnect_attempts=2,
+            connect_timeout=5,
+        )
+        return self
+
+    @property
+    def client(self) -> Client:
+        assert self.nc is not None
+        return self.nc
+
+    def violations(self) -> list[str]:
+        return [e for e in self.errors if "permissions violation" in e.lower()]
+
+    async def denied(self, subject: str) -> str:
+        """Publish to ``subject`` and return the server's permission error about it."""
+        await self.client.publish(subject, b"{}")
+        await self.client.flush(timeout=5)
+        wanted = f'publish to "{subject.lower()}"'
+
+        def seen() -> list[str]:
+            return [e for e in self.violations() if wanted in e.lower()]
+
+        found = await wait_for_async(seen, timeout=10, message=f"permission error for {subject}")
+        return found[0]
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            await self.nc.close()

@@ -8,17 +8,16 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
 import pytest
-from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from harness import nats_server_binary, wait_for_async
 from hrwcron.admin.client import AdminClient, AdminError
+from hrwcron.cli.provision import worker_consumer
 from hrwcron.core.config import parse_config
 from hrwcron.core.model import ClaimRecord
 from hrwcron.core.ticks import manual_claim_key
@@ -29,6 +28,8 @@ from .natsconf import (
     CONFIG_FILES,
     NATS_DIR,
     NODE_FILES,
+    WORKER_API_PREFIX,
+    Session,
     ShippedCluster,
     passwords_env,
     random_passwords,
@@ -94,88 +95,6 @@ def test_every_permission_line_is_commented() -> None:
 # --- a real cluster from the shipped files --------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def passwords() -> dict[str, str]:
-    return random_passwords()
-
-
-@pytest.fixture(scope="module")
-def shipped_cluster(
-    tmp_path_factory: pytest.TempPathFactory, passwords: dict[str, str]
-) -> Iterator[ShippedCluster]:
-    with pytest.MonkeyPatch.context() as mp:
-        # The servers inherit the environment, which is where accounts.conf reads passwords.
-        for name, value in passwords_env(passwords).items():
-            mp.setenv(name, value)
-        # The servers' logs stay in pytest's temporary directory for a failed run.
-        cluster = ShippedCluster(tmp_path_factory.mktemp("shipped-cluster")).start()
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
-
-
-class Session:
-    """A connection as one role, with every asynchronous error the server sent it."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.nc: Client | None = None
-
-    async def open(self, urls: list[str], user: str, password: str) -> Session:
-        async def on_error(exc: Exception) -> None:
-            self.errors.append(str(exc))
-
-        self.nc = await nats.connect(
-            servers=urls,
-            user=user,
-            password=password,
-            error_cb=on_error,
-            max_reconnect_attempts=2,
-            connect_timeout=5,
-        )
-        return self
-
-    @property
-    def client(self) -> Client:
-        assert self.nc is not None
-        return self.nc
-
-    def violations(self) -> list[str]:
-        return [e for e in self.errors if "permissions violation" in e.lower()]
-
-    async def denied(self, subject: str) -> str:
-        """Publish to ``subject`` and return the server's permission error about it."""
-        await self.client.publish(subject, b"{}")
-        await self.client.flush(timeout=5)
-        wanted = f'publish to "{subject.lower()}"'
-
-        def seen() -> list[str]:
-            return [e for e in self.violations() if wanted in e.lower()]
-
-        found = await wait_for_async(seen, timeout=10, message=f"permission error for {subject}")
-        return found[0]
-
-    async def close(self) -> None:
-        if self.nc is not None:
-            await self.nc.close()
-
-
-@pytest.fixture
-async def sessions(
-    shipped_cluster: ShippedCluster, passwords: dict[str, str]
-) -> AsyncIterator[dict[str, Session]]:
-    opened = {
-        role: await Session().open(shipped_cluster.urls, role, password)
-        for role, password in passwords.items()
-    }
-    try:
-        yield opened
-    finally:
-        for session in opened.values():
-            await session.close()
-
-
 def replica_config(urls: list[str], password: str, node: str) -> str:
     return f"""
 [nats]
@@ -224,8 +143,17 @@ async def test_each_role_does_its_job(
     # whole exchange so it fails instead of hanging.
     async with asyncio.timeout(180):
         replica: Replica = await start_replica(config, {})
+        # Workers may not create consumers: the operator does, with the scheduler role.
+        line = await worker_consumer(
+            replica.stores.client.jetstream(), STREAM, "deploy-workers", [SUBJECT]
+        )
+        assert line.startswith(f"consumer {STREAM}/deploy-workers: ")
         worker = Worker(
-            sessions["worker"].client, handle, durable="deploy-workers", subjects=SUBJECT
+            sessions["worker"].client,
+            handle,
+            durable="deploy-workers",
+            subjects=SUBJECT,
+            api_prefix=WORKER_API_PREFIX,
         )
         try:
             await worker.start()
@@ -315,19 +243,20 @@ async def test_worker_cannot_fire_or_claim(
         # Through the JetStream API the request is dropped, so the call fails, not lands.
         with pytest.raises(NatsError):
             await worker.client.jetstream().publish(forged, b"{}", timeout=2)
-        # A consumer the worker may create could name a claim key as its push delivery
-        # subject; the server delivers only where a client subscribes, and nobody does there.
-        wjs = worker.client.jetstream()
-        await wjs.add_consumer(
-            STREAM,
-            ConsumerConfig(
-                durable_name="deploy-push-probe",
-                deliver_subject="$KV.hrwcron_claims.forged.2",
-                deliver_policy=DeliverPolicy.ALL,
-            ),
-        )
-        probe = await wjs.consumer_info(STREAM, "deploy-push-probe")
-        assert not probe.push_bound
+        # A consumer could name a claim key as its push delivery subject, which the server
+        # would write inside the scheduler's account: workers cannot create consumers at all,
+        # under the imported API or the account's own.
+        for prefix in (WORKER_API_PREFIX, "$JS.API"):
+            with pytest.raises(NatsError):
+                await worker.client.jetstream(prefix=prefix).add_consumer(
+                    STREAM,
+                    ConsumerConfig(
+                        durable_name="deploy-push-probe",
+                        deliver_subject="$KV.hrwcron_claims.forged.2",
+                        deliver_policy=DeliverPolicy.ALL,
+                    ),
+                    timeout=2,
+                )
         # Nothing reached the stream or the bucket.
         assert await stores.triggers.last(forged) is None
         assert await stores.claims.get("forged.1") is None

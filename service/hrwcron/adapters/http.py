@@ -9,7 +9,10 @@ heads are bounded in size and time so a slow or hostile client cannot hold resou
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -90,13 +93,25 @@ def _text(status: int, text: str) -> Response:
     return Response(status, text.encode(), "text/plain; charset=utf-8")
 
 
+# What shows job specs and payload previews; the probes and /metrics stay open.
+GUARDED = frozenset({"/", "/status"})
+
+
 class HttpServer:
     """Serves one replica's endpoints; ``start`` binds, ``close`` stops it and its requests."""
 
-    def __init__(self, listen: str, *, registry: CollectorRegistry, source: StatusSource) -> None:
+    def __init__(
+        self,
+        listen: str,
+        *,
+        registry: CollectorRegistry,
+        source: StatusSource,
+        status_token: str | None = None,
+    ) -> None:
         self.host, self.port = parse_listen(listen)
         self._registry = registry
         self._source = source
+        self._token = status_token
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._routes: dict[str, Callable[[dict[str, list[str]]], Awaitable[Response]]] = {
@@ -167,10 +182,37 @@ class HttpServer:
         route = self._routes.get(url.path)
         if route is None:
             return _text(404, "not found; try /, /status, /metrics, /healthz or /readyz\n"), False
+        if url.path in GUARDED and not self._authorized(head):
+            response = _text(401, "the status page needs http.status_token: sign in with it\n")
+            response.headers["WWW-Authenticate"] = 'Basic realm="hrwcron status", charset="UTF-8"'
+            return response, method == "HEAD"
         try:
             return await route(parse_qs(url.query)), method == "HEAD"
         except BadRequest as exc:
             return _json(400, {"error": str(exc)}), method == "HEAD"
+
+    def _authorized(self, head: bytes) -> bool:
+        """Whether the request presents the status token: as a Bearer token, or as the
+        password of HTTP Basic (any user name), which a browser asks for by itself."""
+        if self._token is None:
+            return True
+        wanted = self._token.encode()
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() != b"authorization":
+                continue
+            scheme, _, credentials = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer":
+                given = credentials.strip()
+            elif scheme.lower() == b"basic":
+                try:
+                    given = base64.b64decode(credentials.strip(), validate=True).partition(b":")[2]
+                except (binascii.Error, ValueError):
+                    return False
+            else:
+                return False
+            return hmac.compare_digest(given, wanted)
+        return False
 
     async def _write(
         self, writer: asyncio.StreamWriter, response: Response, head_only: bool

@@ -224,6 +224,11 @@ class Telemetry:
         self.bad_jobs_total = Counter(
             "hrwcron_bad_jobs", "Job specs rejected as invalid (each bad revision)", registry=r
         )
+        self.refused_replies = Counter(
+            "hrwcron_admin_refused_replies",
+            "Admin requests left unanswered because their reply subject was not an inbox",
+            registry=r,
+        )
         self.build = Info("hrwcron_build", "Version of this replica", registry=r)
         self.build.info(
             {

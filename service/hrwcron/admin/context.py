@@ -4,6 +4,7 @@ lookups in them that wait briefly for a write made through another replica."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -26,6 +27,9 @@ from hrwcron.engine.scheduler import Scheduler
 
 # Jobs a reading handler walks before it lets the event loop run ticks again.
 SLICE = 5_000
+# Reply subjects a replica answers on: a client's inbox, and the private reply subject the
+# server gives a request that came through a service import from another account.
+REPLY_PREFIXES = ("_INBOX.", "_R_.")
 
 
 class ServiceContext:
@@ -40,6 +44,7 @@ class ServiceContext:
         *,
         duplicate_window: float,
         prefix: str = ADMIN_PREFIX,
+        on_refused_reply: Callable[[], None] | None = None,
     ) -> None:
         self._client = client
         self._scheduler = scheduler
@@ -51,6 +56,8 @@ class ServiceContext:
         # place in it by bisection instead of sorting 100,000 names for each page.
         self._names: tuple[int, list[str]] = (-1, [])
         self._service: Service | None = None  # the micro service, once started
+        self.refused_replies = 0  # requests dropped for a reply subject that is no inbox
+        self._on_refused = on_refused_reply
 
     async def _stored(self, name: str) -> JobEvent:
         event = await self._jobs.get(name)

@@ -30,6 +30,7 @@ from hrwcron.admin.api import (
     decode_request,
     subject,
 )
+from hrwcron.admin.context import REPLY_PREFIXES
 from hrwcron.admin.job_verbs import JobVerbs
 from hrwcron.admin.replies import (
     MAX_ERROR_REPLY,
@@ -114,6 +115,11 @@ class AdminService(JobVerbs, RunVerbs):
         request_type = REQUEST_TYPES[verb]
 
         async def serve(request: Request) -> None:
+            # nats.micro's Request does not expose the reply subject; its message does.
+            reply_to = request._msg.reply or ""
+            if not reply_to.startswith(REPLY_PREFIXES):
+                self._refuse_reply(verb, reply_to)
+                return
             try:
                 try:
                     parsed = decode_request(request.data, request_type)
@@ -139,6 +145,23 @@ class AdminService(JobVerbs, RunVerbs):
             await request.respond(reply)
 
         return serve
+
+    def _refuse_reply(self, verb: str, reply_to: str) -> None:
+        """A reply subject that is not an inbox would have this replica publish, with its own
+        rights, on a subject of the requester's choosing (a bucket key, a trigger subject):
+        the request is dropped unanswered, counted, and logged (the first and every 100th)."""
+        self.refused_replies += 1
+        if self._on_refused is not None:
+            self._on_refused()
+        if self.refused_replies % 100 == 1:
+            log.warning(
+                "admin %s request refused: its reply subject %r is not an inbox (%s...); "
+                "%d refused so far",
+                verb,
+                reply_to[:120],
+                "... or ".join(REPLY_PREFIXES),
+                self.refused_replies,
+            )
 
     @staticmethod
     def _error(verb: str, exc: Exception) -> ApiError:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hrwcron.cli.options import CONFIG, timeout
@@ -20,17 +22,47 @@ from hrwcron.core.errors import HrwcronError, NatsSetupError
 from hrwcron.process.logs import setup_logging
 
 if TYPE_CHECKING:
+    from nats.js import JetStreamContext
     from nats.js.api import StreamConfig
 
 EXIT_FAILED = 1
+EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 30.0
+# What a worker group's consumer starts with: the worker SDK's defaults.
+WORKER_ACK_WAIT = 30.0
+WORKER_MAX_DELIVER = 5
+_GROUP = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def worker_group(text: str) -> str:
+    if not _GROUP.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text[:80]!r} is not a consumer name: 1-64 of letters, digits, _ and -"
+        )
+    return text
 
 
 def _cmd_provision(args: argparse.Namespace) -> int:
     config = load_config(args.config, os.environ)
     setup_logging(config.telemetry.log_level, config.telemetry.log_format)
+    groups: list[str] = args.worker_group or []
+    subjects: list[str] = args.worker_subject or [f"{config.scheduler.subject_prefix}.>"]
+    if args.worker_subject and not groups:
+        print("hrwcron provision: --worker-subject needs --worker-group", file=sys.stderr)
+        return EXIT_USAGE
+    prefix = f"{config.scheduler.subject_prefix}."
+    outside = [subject for subject in subjects if not subject.startswith(prefix)]
+    if outside:
+        print(
+            f"hrwcron provision: --worker-subject {outside[0]!r} is outside the trigger "
+            f"stream's subjects ({prefix}>)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
-        lines = asyncio.run(asyncio.wait_for(provision_report(config), args.timeout))
+        lines = asyncio.run(
+            asyncio.wait_for(provision_report(config, groups, subjects), args.timeout)
+        )
     except HrwcronError as exc:
         print(f"hrwcron provision: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -65,8 +97,11 @@ def _resources(config: Config) -> list[tuple[str, str]]:
     return [(f"bucket {b}", f"KV_{b}") for b in buckets] + [(f"stream {s.stream}", s.stream)]
 
 
-async def provision_report(config: Config) -> list[str]:
-    """Provision through :func:`hrwcron.process.app.open_stores` and describe each resource."""
+async def provision_report(
+    config: Config, groups: Sequence[str] = (), subjects: Sequence[str] = ()
+) -> list[str]:
+    """Provision through :func:`hrwcron.process.app.open_stores` and describe each resource;
+    then create or verify the durable pull consumer of each worker group in ``groups``."""
     # Imported here so the other subcommands start without loading the NATS client.
     from nats.errors import TimeoutError as NatsTimeout
     from nats.js.errors import NotFoundError
@@ -110,9 +145,55 @@ async def provision_report(config: Config) -> list[str]:
             info = await js.stream_info(name)
             state = "exists" if existed[name] else "created"
             lines.append(f"{label}: {state} ({_describe(info.config)})")
+        for group in groups:
+            lines.append(await worker_consumer(js, config.scheduler.stream, group, subjects))
         return lines
     finally:
         await stores.client.close()
+
+
+async def worker_consumer(
+    js: JetStreamContext, stream: str, group: str, subjects: Sequence[str]
+) -> str:
+    """Create worker group ``group``'s durable pull consumer on ``stream`` when it is missing,
+    as the worker SDK would with its defaults; an existing one must be a pull consumer. With
+    the shipped accounts workers cannot create consumers: a push consumer's delivery subject
+    is written by the server inside the scheduler's account."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+    from nats.js.errors import NotFoundError
+
+    label = f"consumer {stream}/{group}"
+    try:
+        info = await js.consumer_info(stream, group)
+    except NotFoundError:
+        config = ConsumerConfig(
+            durable_name=group,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=WORKER_ACK_WAIT,
+            max_deliver=WORKER_MAX_DELIVER,
+            max_ack_pending=1000,
+            deliver_policy=DeliverPolicy.NEW,
+            description="hrwcron worker",
+        )
+        if len(subjects) == 1:
+            config.filter_subject = subjects[0]
+        else:
+            config.filter_subjects = list(subjects)
+        info = await js.add_consumer(stream, config=config)
+        state = "created"
+    else:
+        if info.config.deliver_subject:
+            raise NatsSetupError(
+                f"{label} is a push consumer (delivers to {info.config.deliver_subject!r}); "
+                "workers pull: delete it, then run this again"
+            )
+        state = "exists"
+    config = info.config
+    filtered = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+    return (
+        f"{label}: {state} (pull, subjects {', '.join(filtered) or '(all)'}, "
+        f"ack wait {_seconds(config.ack_wait or 30.0)}, max deliver {config.max_deliver})"
+    )
 
 
 def _timeout_hint(stream: str) -> str:
@@ -151,14 +232,33 @@ PROVISION = Verb(
         "trigger stream when they are missing. Existing ones are verified, never changed; "
         "a setting that contradicts what hrwcron needs (including replicas or storage that "
         "differ from scheduler.replicas and scheduler.storage) is reported with what to "
-        "change, and the command exits 1. Prints one line per resource saying whether it "
-        "was created or already existed."
+        "change, and the command exits 1: so is one that would let the server write "
+        "elsewhere (a republish rule, sources, a mirror, a subject transform, other "
+        "subjects). With --worker-group it also creates each group's durable pull consumer. "
+        "Prints one line per resource saying whether it was created or already existed."
     ),
     epilog=(
-        "example:\n  HRWCRON_NATS_URL=nats://nats-1:4222 hrwcron provision --config hrwcron.toml"
+        "examples:\n  HRWCRON_NATS_URL=nats://nats-1:4222 hrwcron provision --config hrwcron.toml\n"
+        "  hrwcron provision --worker-group reports --worker-subject 'hrwcron.trigger.reports.>'"
     ),
     args=(
         CONFIG,
+        arg(
+            "--worker-group",
+            action="append",
+            type=worker_group,
+            metavar="NAME",
+            help="also create (or verify) this worker group's durable pull consumer on the "
+            "trigger stream, which workers of the shipped accounts may not create themselves; "
+            "repeat for more groups",
+        ),
+        arg(
+            "--worker-subject",
+            action="append",
+            metavar="SUBJECT",
+            help="a trigger subject the groups' consumers take (default: every job's, "
+            "<subject_prefix>.>); repeat for more",
+        ),
         arg(
             "--timeout",
             type=timeout,

@@ -229,7 +229,12 @@ async def start_replica(
             # Up before the scheduler starts, so probes see "not ready" rather than nothing.
             client = stores.client
             source = ReplicaStatus(scheduler, telemetry, connected=lambda: client.is_connected)
-            http = HttpServer(config.http.listen, registry=telemetry.registry, source=source)
+            http = HttpServer(
+                config.http.listen,
+                registry=telemetry.registry,
+                source=source,
+                status_token=config.http.status_token,
+            )
             try:
                 await http.start()
             except OSError as exc:
@@ -244,6 +249,7 @@ async def start_replica(
             stores.jobs,
             stores.triggers,
             duplicate_window=config.scheduler.duplicate_window,
+            on_refused_reply=telemetry.refused_replies.inc if telemetry is not None else None,
         )
         try:
             await admin.start()

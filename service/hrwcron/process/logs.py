@@ -7,6 +7,8 @@ import logging
 import sys
 import time
 
+from hrwcron.core.config import redact_secrets
+
 _EXTRA_FIELDS = ("job", "tick", "node", "outcome", "rank", "attempt")
 
 
@@ -27,8 +29,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class RedactSecrets(logging.Filter):
+    """Masks anything shaped like a seed, a JWT or a creds block in every record, whatever
+    logged it (nats-py quotes what it was given in some errors)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = redact_secrets(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
 def setup_logging(level: str = "info", fmt: str = "text", node: str = "") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RedactSecrets())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

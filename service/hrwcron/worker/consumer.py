@@ -47,6 +47,7 @@ log = logging.getLogger("hrwcron.worker")
 
 DEFAULT_STREAM = "HRWCRON_TRIGGERS"
 DEFAULT_SUBJECTS = ("hrwcron.trigger.>",)
+DEFAULT_API_PREFIX = "$JS.API"
 FETCH_WAIT = 1.0  # how long one pull request stays open on the server
 
 
@@ -79,6 +80,7 @@ class Worker(ConsumerSetup, RunCalls):
         runs_bucket: str = DEFAULT_RUNS_BUCKET,
         name: str | None = None,
         tracer: trace.Tracer | None = None,
+        api_prefix: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise WorkerSettingsError("concurrency must be at least 1")
@@ -132,7 +134,11 @@ class Worker(ConsumerSetup, RunCalls):
         self.stats = WorkerStats()
         self.processed: Processed | None = None
         self.markers: RunMarker | None = None
-        self._js = client.jetstream()
+        # Where the trigger stream's JetStream API answers: "$JS.API" in the scheduler's own
+        # account; the import prefix ("$JS.hrwcron.API" in nats/accounts.conf) from a workers'
+        # account of its own.
+        self.api_prefix = api_prefix or DEFAULT_API_PREFIX
+        self._js = client.jetstream(prefix=self.api_prefix)
         self._subscription: Any = None
         self._loop: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()

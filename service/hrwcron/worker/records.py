@@ -10,13 +10,20 @@ import time
 from collections.abc import Callable
 
 import msgspec
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     KeyValueConfig,
     StorageType,
     StreamInfo,
 )
-from nats.js.errors import APIError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 
 from hrwcron.adapters.jetstream.kv import conditional_put, last_message
@@ -73,7 +80,16 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> Stream
     try:
         info = await js.stream_info(stream)
     except NotFoundError:
-        await js.create_key_value(config=config)
+        try:
+            await js.create_key_value(config=config)
+        except (NoRespondersError, ServiceUnavailableError, NatsTimeoutError) as exc:
+            # With the shipped accounts workers cannot create buckets (a bucket's republish
+            # rule would write inside the scheduler's account): the replicas create it.
+            raise WorkerSetupError(
+                f"bucket {config.bucket} does not exist, and this connection may not create "
+                f"it ({type(exc).__name__}): start an hrwcron replica or run `hrwcron "
+                "provision` first"
+            ) from None
         return await js.stream_info(stream)
     have = info.config.num_replicas or 1
     if have < config.replicas:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -14,7 +16,7 @@ from nats.js.api import (
     DeliverPolicy,
     StreamInfo,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from hrwcron.worker.errors import WorkerSetupError
 
@@ -63,7 +65,17 @@ class ConsumerSetup:
             config.filter_subject = self.subjects[0]
         else:
             config.filter_subjects = self.subjects
-        created: ConsumerInfo = await self._js.add_consumer(self.stream, config=config)
+        try:
+            created: ConsumerInfo = await self._js.add_consumer(self.stream, config=config)
+        except (NoRespondersError, ServiceUnavailableError, NatsTimeoutError) as exc:
+            # With the shipped accounts a worker may not create consumers (its delivery
+            # subject would be written inside the scheduler's account): an operator does.
+            raise WorkerSetupError(
+                f"consumer {self.durable} does not exist on stream {self.stream}, and this "
+                f"connection may not create it ({type(exc).__name__}): create it with the "
+                f"scheduler role, `hrwcron provision --worker-group {self.durable}"
+                f"{''.join(f' --worker-subject {s}' for s in self.subjects)}`"
+            ) from None
         return created
 
     def _adopt(self, info: ConsumerInfo) -> None:

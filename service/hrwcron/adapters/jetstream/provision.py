@@ -2,9 +2,10 @@
 
 Existing resources are never altered: a setting that contradicts what hrwcron needs is reported
 with what to change, because silently editing a shared stream is an operator's decision.
-``hrwcron provision`` also creates the worker SDK's idempotency bucket and holds every
-resource's replicas and storage to the configuration (a bucket a worker created with one
-replica on a cluster is reported); replicas at start-up only create what they use."""
+Replicas create everything at start-up, the worker SDK's idempotency bucket included, so that
+no worker ever needs to create a bucket; ``hrwcron provision`` also holds every resource's
+replicas and storage to the configuration (a bucket created with one replica on a cluster is
+reported)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
-    StreamInfo,
 )
 from nats.js.errors import NotFoundError
 
@@ -58,6 +58,47 @@ class Layout:
         return StorageType.FILE
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What hrwcron would have created for one bucket or stream: what an existing one is held
+    to. ``ttl`` None means no age limit is part of the contract."""
+
+    label: str
+    stream: str
+    subjects: tuple[str, ...]
+    storage: StorageType
+    ttl: float | None
+    per_message_ttl: bool
+
+
+def shapes(layout: Layout) -> list[Shape]:
+    """Every bucket and the trigger stream, in provisioning order."""
+
+    def bucket(name: str, storage: StorageType, ttl: float | None, per_message_ttl: bool) -> Shape:
+        return Shape(
+            f"bucket {name}", f"KV_{name}", (f"$KV.{name}.>",), storage, ttl, per_message_ttl
+        )
+
+    return [
+        bucket(layout.members_bucket, StorageType.MEMORY, layout.member_ttl, False),
+        bucket(layout.claims_bucket, layout.claims_storage_type, None, True),
+        bucket(layout.jobs_bucket, layout.storage_type, None, True),
+        bucket(layout.runs_bucket, StorageType.MEMORY, layout.run_marker_ttl, False),
+        # Run counts of max_runs jobs must outlive the trigger stream's max_age: no TTL.
+        bucket(layout.counts_bucket, layout.storage_type, None, True),
+        # The workers' records: the age limit bounds the bucket's size, it is no contract.
+        bucket(layout.processed_bucket, layout.storage_type, None, True),
+        Shape(
+            f"stream {layout.stream}",
+            layout.stream,
+            (f"{layout.subject_prefix}.>",),
+            layout.storage_type,
+            None,
+            False,
+        ),
+    ]
+
+
 async def provision(
     js: JetStreamContext,
     layout: Layout,
@@ -67,130 +108,35 @@ async def provision(
 ) -> None:
     """Make sure every bucket and the stream exist and fit; raises StreamConfigError otherwise.
 
-    ``for_workers`` adds the worker SDK's processed bucket (kept as long as the stream keeps a
-    trigger) and reports any resource whose replicas or storage differ from the layout."""
+    A missing one is created. An existing one is held to what would have been created: its
+    subjects, retention and TTL, and no republish rule, source, mirror or subject transform
+    (any of which would let the server write into hrwcron's buckets, or take writes meant for
+    them elsewhere). ``for_workers`` (``hrwcron provision``) also holds every resource's
+    replicas and storage to the layout."""
     problems: list[str] = []
-    await _bucket(
-        js,
-        layout,
-        layout.members_bucket,
-        StorageType.MEMORY,
-        history=1,
-        ttl=layout.member_ttl,
-        problems=problems,
-    )
-    await _bucket(js, layout, layout.claims_bucket, layout.claims_storage_type, 1, None, problems)
-    await _bucket(js, layout, layout.jobs_bucket, layout.storage_type, 5, None, problems)
-    await _bucket(
-        js, layout, layout.runs_bucket, StorageType.MEMORY, 1, layout.run_marker_ttl, problems
-    )
-    # Run counts of max_runs jobs must outlive the trigger stream's max_age: no TTL.
-    await _bucket(js, layout, layout.counts_bucket, layout.storage_type, 1, None, problems)
-    if for_workers:
-        await _bucket(
-            js,
-            layout,
-            layout.processed_bucket,
-            layout.storage_type,
-            1,
-            layout.stream_max_age,
-            problems,
-            check_ttl=False,  # the bucket's age limit is a bound on its size, not a contract
-        )
-    await _stream(js, layout, longest_lateness, problems)
-    if for_workers:
-        await _placement(js, layout, problems)
+    for shape in shapes(layout):
+        try:
+            info = await js.stream_info(shape.stream)
+        except NotFoundError:
+            await _create(js, layout, shape)
+            continue
+        problems += _tampered(shape, info.config)
+        if shape.stream == layout.stream:
+            problems += _stream_limits(shape, info.config, longest_lateness)
+        if for_workers:
+            problems += _placement(shape, info.config, layout.replicas)
     if problems:
         raise StreamConfigError("; ".join(problems))
 
 
-async def _bucket(
-    js: JetStreamContext,
-    layout: Layout,
-    name: str,
-    storage: StorageType,
-    history: int,
-    ttl: float | None,
-    problems: list[str],
-    *,
-    check_ttl: bool = True,
-) -> None:
-    try:
-        info = await js.stream_info(f"KV_{name}")
-    except NotFoundError:
-        await js.create_key_value(
-            config=KeyValueConfig(
-                bucket=name,
-                history=history,
-                ttl=ttl,
-                storage=storage,
-                replicas=layout.replicas,
-            )
-        )
-        return
-    config = info.config
-    if check_ttl and ttl and abs((config.max_age or 0) - ttl) > 0.001:
-        problems.append(
-            f"bucket {name} has TTL {config.max_age or 0:g} s but hrwcron is configured for "
-            f"{ttl:g} s: change member_ttl to match, or delete the bucket so it is recreated"
-        )
-    if name != layout.members_bucket and name != layout.runs_bucket and not config.allow_msg_ttl:
-        problems.append(
-            f"bucket {name} does not allow per-message TTL (allow_msg_ttl): recreate it with "
-            f"nats-server 2.11 or newer"
-        )
-
-
-async def _placement(js: JetStreamContext, layout: Layout, problems: list[str]) -> None:
-    """Every resource as replicated as ``replicas`` says, on the storage the layout gives it:
-    one replica on a cluster makes a NATS node's outage an outage of hrwcron (or of workers)."""
-    wanted = [
-        (f"bucket {layout.members_bucket}", f"KV_{layout.members_bucket}", StorageType.MEMORY),
-        (
-            f"bucket {layout.claims_bucket}",
-            f"KV_{layout.claims_bucket}",
-            layout.claims_storage_type,
-        ),
-        (f"bucket {layout.jobs_bucket}", f"KV_{layout.jobs_bucket}", layout.storage_type),
-        (f"bucket {layout.runs_bucket}", f"KV_{layout.runs_bucket}", StorageType.MEMORY),
-        (f"bucket {layout.processed_bucket}", f"KV_{layout.processed_bucket}", layout.storage_type),
-        (f"stream {layout.stream}", layout.stream, layout.storage_type),
-    ]
-    for label, name, storage in wanted:
-        try:
-            config = (await js.stream_info(name)).config
-        except NotFoundError:
-            continue  # reported, or created, by the checks above
-        replicas = config.num_replicas or 1
-        if replicas != layout.replicas:
-            problems.append(
-                f"{label} has {replicas} replica(s), scheduler.replicas is {layout.replicas}: "
-                "recreate it with the right count (delete it while nothing uses it, then run "
-                "hrwcron provision), or change scheduler.replicas"
-            )
-        # nats-py gives the stored value back as a plain string.
-        have = str(getattr(config.storage, "value", config.storage or "file"))
-        if have != storage.value:
-            problems.append(
-                f"{label} has {have} storage where hrwcron uses {storage.value} "
-                "(scheduler.storage; scheduler.claims_storage for claims; always memory for "
-                "members and run markers): recreate it"
-            )
-
-
-async def _stream(
-    js: JetStreamContext, layout: Layout, longest_lateness: float, problems: list[str]
-) -> None:
-    wanted = f"{layout.subject_prefix}.>"
-    try:
-        info: StreamInfo = await js.stream_info(layout.stream)
-    except NotFoundError:
+async def _create(js: JetStreamContext, layout: Layout, shape: Shape) -> None:
+    if shape.stream == layout.stream:
         await js.add_stream(
             StreamConfig(
                 name=layout.stream,
-                subjects=[wanted],
+                subjects=list(shape.subjects),
                 retention=RetentionPolicy.LIMITS,
-                storage=layout.storage_type,
+                storage=shape.storage,
                 max_age=layout.stream_max_age,
                 duplicate_window=layout.duplicate_window,
                 num_replicas=layout.replicas,
@@ -199,23 +145,90 @@ async def _stream(
             )
         )
         return
-    config = info.config
-    where = f"stream {layout.stream}"
-    if wanted not in (config.subjects or []):
-        problems.append(
-            f"{where} has subjects {config.subjects}; it must capture {wanted!r} "
-            f"(edit the stream's subjects or set scheduler.subject_prefix)"
+    name = shape.stream.removeprefix("KV_")
+    history = 5 if name == layout.jobs_bucket else 1
+    ttl = layout.stream_max_age if name == layout.processed_bucket else shape.ttl
+    await js.create_key_value(
+        config=KeyValueConfig(
+            bucket=name, history=history, ttl=ttl, storage=shape.storage, replicas=layout.replicas
         )
+    )
+
+
+def _tampered(shape: Shape, config: StreamConfig) -> list[str]:
+    """What makes an existing resource different from what hrwcron would have created, each
+    with the fix. Replicas refuse to start on any of these."""
+    where = shape.label
+    fix = "delete it while nothing uses it and let hrwcron recreate it"
+    found: list[str] = []
+    if tuple(config.subjects or ()) != shape.subjects:
+        found.append(
+            f"{where} has subjects {config.subjects}, not {list(shape.subjects)}: edit its "
+            "subjects, or set the bucket and stream names (scheduler.*_bucket, stream, "
+            "subject_prefix) to match"
+        )
+    if config.republish is not None:
+        republish = config.republish
+        found.append(
+            f"{where} has a republish rule ({republish.src} -> {republish.dest}): the server "
+            f"would write each stored message elsewhere; {fix}"
+        )
+    if config.sources:
+        names = [source.name for source in config.sources]
+        found.append(f"{where} sources other streams {names}; {fix}")
+    if config.mirror is not None:
+        found.append(f"{where} mirrors stream {config.mirror.name}; {fix}")
+    if config.subject_transform is not None:
+        found.append(f"{where} transforms the subjects it stores; {fix}")
+    if config.retention not in (None, RetentionPolicy.LIMITS):
+        found.append(f"{where} uses {config.retention} retention; hrwcron needs limits ({fix})")
+    if shape.ttl and abs((config.max_age or 0) - shape.ttl) > 0.001:
+        found.append(
+            f"{where} has TTL {config.max_age or 0:g} s but hrwcron is configured for "
+            f"{shape.ttl:g} s: change the setting to match, or {fix}"
+        )
+    if shape.per_message_ttl and not config.allow_msg_ttl:
+        found.append(
+            f"{where} does not allow per-message TTL (allow_msg_ttl): recreate it with "
+            "nats-server 2.11 or newer"
+        )
+    return found
+
+
+def _placement(shape: Shape, config: StreamConfig, replicas: int) -> list[str]:
+    """Every resource as replicated as ``replicas`` says, on the storage the layout gives it:
+    one replica on a cluster makes a NATS node's outage an outage of hrwcron (or of workers)."""
+    found: list[str] = []
+    have_replicas = config.num_replicas or 1
+    if have_replicas != replicas:
+        found.append(
+            f"{shape.label} has {have_replicas} replica(s), scheduler.replicas is {replicas}: "
+            "recreate it with the right count (delete it while nothing uses it, then run "
+            "hrwcron provision), or change scheduler.replicas"
+        )
+    # nats-py gives the stored value back as a plain string.
+    have = str(getattr(config.storage, "value", config.storage or "file"))
+    if have != shape.storage.value:
+        found.append(
+            f"{shape.label} has {have} storage where hrwcron uses {shape.storage.value} "
+            "(scheduler.storage; scheduler.claims_storage for claims; always memory for "
+            "members and run markers): recreate it"
+        )
+    return found
+
+
+def _stream_limits(shape: Shape, config: StreamConfig, longest_lateness: float) -> list[str]:
+    where = shape.label
+    found: list[str] = []
     window = config.duplicate_window or 0
     if window < longest_lateness:
-        problems.append(
+        found.append(
             f"{where} has duplicate_window {window:g} s, shorter than the longest job "
             f"max_lateness {longest_lateness:g} s: raise it to at least {longest_lateness:g} s"
         )
     if (config.max_age or 0) and (config.max_age or 0) < window:
-        problems.append(
+        found.append(
             f"{where} has max_age {config.max_age:g} s, shorter than its duplicate_window "
             f"{window:g} s: raise max_age"
         )
-    if config.retention not in (None, RetentionPolicy.LIMITS):
-        problems.append(f"{where} uses {config.retention} retention; hrwcron needs limits")
+    return found

@@ -32,6 +32,7 @@ from hrwcron.core.config.settings import (
     TelemetryConfig,
     default_node_id,
     node_id_problem,
+    redact_secrets,
     redact_url,
 )
 
@@ -58,5 +59,6 @@ __all__ = [
     "load_config",
     "node_id_problem",
     "parse_config",
+    "redact_secrets",
     "redact_url",
 ]

@@ -21,6 +21,7 @@ from hrwcron.core.config.settings import (
     SchedulerConfig,
     TelemetryConfig,
     node_id_problem,
+    redact_secrets,
     redact_url,
 )
 from hrwcron.core.config.values import Collector
@@ -89,10 +90,15 @@ def check_nats(n: NatsConfig, c: Collector) -> None:
     for key in FILE_KEYS:
         path = getattr(n, key)
         if path is not None and c.readable(f"nats.{key}"):
+            shown = redact_secrets(str(path))[:200]
             if not os.path.isfile(path):
-                c.add(f"nats.{key}", f"file not found: {path}")
+                hint = " (it looks like a secret, not a path: give the file that holds it)"
+                c.add(
+                    f"nats.{key}",
+                    f"file not found: {shown}{hint if shown != str(path)[:200] else ''}",
+                )
             elif not os.access(path, os.R_OK):
-                c.add(f"nats.{key}", f"file not readable: {path}")
+                c.add(f"nats.{key}", f"file not readable: {shown}")
     uses_tls = n.tls_ca or n.tls_cert or any(u.startswith("tls://") for u in n.servers)
     if n.tls_handshake_first and not uses_tls:
         c.add(
@@ -171,6 +177,8 @@ def check_scheduler(s: SchedulerConfig, c: Collector) -> None:
 
 
 def check_http(h: HttpConfig, c: Collector) -> None:
+    if h.status_token is not None and len(h.status_token) < 16:
+        c.add("http.status_token", "must be at least 16 characters (e.g. openssl rand -hex 16)")
     if not h.listen:
         return
     host, colon, port = h.listen.rpartition(":")

@@ -35,6 +35,23 @@ LogFormat = Literal["text", "json"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
+# Shapes of secrets that may turn up where they do not belong (a seed pasted into a variable
+# that expects a file path, a creds file's contents in an error): an NKEY seed (S + the key
+# type + 56 base32 characters), a JWT, a PEM or creds block.
+_SECRET_SHAPES = re.compile(
+    r"S[UAONCPX][A-Z2-7]{50,}"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*)?"
+    r"|-----BEGIN[^-]*-----.*?(?:-----END[^-]*-----|$)",
+    re.DOTALL,
+)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with anything shaped like an NKEY seed, a JWT or a PEM/creds block replaced by
+    ``***``: for error messages and log lines that quote a value someone gave."""
+    return _SECRET_SHAPES.sub("***", text)
+
+
 def redact_url(url: str) -> str:
     """``url`` with the password (or a bare token) in its user-info replaced by ``***``.
 
@@ -144,9 +161,22 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
 
 
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Health, metrics and admin endpoint; an empty ``listen`` disables it."""
+    """Health, metrics and status endpoint; an empty ``listen`` disables it. With
+    ``status_token`` set, the status page and ``/status`` (job specs and payload previews)
+    answer only a request that presents it (HTTP Basic password or Bearer token); probes and
+    ``/metrics`` stay open."""
 
     listen: str = "127.0.0.1:9464"
+    status_token: str | None = None
+
+    def redacted(self) -> dict[str, Any]:
+        data: dict[str, Any] = msgspec.structs.asdict(self)
+        if data["status_token"] is not None:
+            data["status_token"] = MASK
+        return data
+
+    def __repr__(self) -> str:
+        return _repr(self, self.redacted())
 
 
 class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -171,6 +201,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
         """Plain data safe to log or serve: secrets masked."""
         data: dict[str, Any] = msgspec.to_builtins(self)
         data["nats"] = self.nats.redacted()
+        data["http"] = self.http.redacted()
         return data
 
 
@@ -221,6 +252,6 @@ DURATIONS: dict[str, tuple[str, ...]] = {
     "telemetry": (),
     "jobs": ("max_lateness", "jitter", "delete_after"),
 }
-SECRET_PATHS = frozenset(f"nats.{k}" for k in _SECRET_KEYS)
+SECRET_PATHS = frozenset([*(f"nats.{k}" for k in _SECRET_KEYS), "http.status_token"])
 FILE_KEYS = ("creds", "nkey_seed", "tls_ca", "tls_cert", "tls_key")
 BUCKET_KEYS = ("members_bucket", "claims_bucket", "jobs_bucket", "runs_bucket", "counts_bucket")

@@ -13,7 +13,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from hrwcron.core.config.settings import redact_url
+from hrwcron.core.config.settings import redact_secrets, redact_url
 from hrwcron.core.errors import Problem, ScheduleError
 from hrwcron.core.schedule import parse_duration
 
@@ -51,7 +51,7 @@ def _shown(value: object, secret: bool) -> str:
     if secret:
         return kind(value)
     if isinstance(value, str):
-        return f"a string ({redact_url(value)[:80]!r})"
+        return f"a string ({redact_secrets(redact_url(value))[:80]!r})"
     if isinstance(value, bool):
         return f"a boolean ({str(value).lower()})"
     if isinstance(value, int | float):
