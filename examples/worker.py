@@ -11,7 +11,9 @@ HRWCRON_NATS_TLS_CA, HRWCRON_NATS_TLS_CERT, HRWCRON_NATS_TLS_KEY), then ``--nats
 both. The trigger stream and subject prefix come from the same file's [scheduler] section.
 
 Options: ``--subjects 'hrwcron.trigger.reports.>'`` to take a subset, ``--durable NAME`` to run
-a second, independent group of workers, ``--fail-every N`` to make every N-th run fail and see
+a second, independent group of workers, ``--api-prefix '$JS.hrwcron.API'`` as the ``worker``
+user of nats/accounts.conf (whose group's consumer ``hrwcron provision --worker-group NAME``
+creates), ``--fail-every N`` to make every N-th run fail and see
 the retry with backoff. Start the script twice with the same --durable: the two share the work
 and each tick still runs once. Ctrl-C stops it after the running handlers finish.
 """
@@ -64,7 +66,12 @@ async def main(args: argparse.Namespace, config: Config) -> None:
 
     subjects = args.subjects or [f"{config.scheduler.subject_prefix}.>"]
     worker = Worker(
-        nc, handle, durable=args.durable, subjects=subjects, stream=config.scheduler.stream
+        nc,
+        handle,
+        durable=args.durable,
+        subjects=subjects,
+        stream=config.scheduler.stream,
+        api_prefix=args.api_prefix,
     )
     print(f"worker {worker.name}: consumer {args.durable} on {', '.join(worker.subjects)}")
     try:
@@ -95,6 +102,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--durable", default="example-worker", help="consumer (worker group)")
     parser.add_argument(
         "--subjects", nargs="+", help="trigger subjects to take (default: every job's)"
+    )
+    parser.add_argument(
+        "--api-prefix",
+        metavar="PREFIX",
+        help="where the trigger stream's JetStream API answers: $JS.API (default) in the "
+        "scheduler's account, $JS.hrwcron.API as the worker user of nats/accounts.conf",
     )
     parser.add_argument(
         "--fail-every", type=int, default=0, metavar="N", help="fail every N-th run on purpose"

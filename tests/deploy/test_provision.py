@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import nats
-from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+import pytest
+from nats.js.api import KeyValueConfig, RePublish, StorageType, StreamConfig, StreamSource
 
 from harness import NatsServer, free_ports
 
@@ -121,3 +122,64 @@ def test_a_bad_timeout_is_a_usage_error() -> None:
     done = provision("nats://127.0.0.1:4222", "--timeout", "0")
     assert done.returncode == 2
     assert "--timeout" in done.stderr and "above 0" in done.stderr
+
+
+def _run(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hrwcron", "run"],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HRWCRON_NATS_URL": url,
+            "HRWCRON_NODE_ID": "tamper-check",
+            "HRWCRON_HTTP_LISTEN": "",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tamper", "said"),
+    [
+        (
+            {"republish": RePublish(src=">", dest="$KV.hrwcron_jobs.>")},
+            "bucket hrwcron_processed has a republish rule (> -> $KV.hrwcron_jobs.>)",
+        ),
+        (
+            {"subjects": ["$KV.hrwcron_processed.>", "elsewhere.>"]},
+            "bucket hrwcron_processed has subjects",
+        ),
+        ({"sources": [StreamSource(name="OTHER")]}, "bucket hrwcron_processed sources"),
+    ],
+)
+async def test_a_tampered_bucket_is_refused_by_provision_and_by_replicas(
+    nats_server: NatsServer, tamper: dict[str, object], said: str
+) -> None:
+    """As a worker of the old single-account layout could have made it before any replica
+    ran: the bucket a role needs, with a rule that writes elsewhere."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="OTHER", subjects=["other.>"]))
+        fields: dict[str, object] = {
+            "name": "KV_hrwcron_processed",
+            "subjects": ["$KV.hrwcron_processed.>"],
+            "allow_msg_ttl": True,
+            **tamper,
+        }
+        await js.add_stream(StreamConfig(**fields))  # type: ignore[arg-type]
+        for done in await asyncio.gather(
+            asyncio.to_thread(provision, nats_server.url), asyncio.to_thread(_run, nats_server.url)
+        ):
+            assert done.returncode == 1, done.stderr
+            refusals = [line for line in done.stderr.splitlines() if said in line]
+            assert len(refusals) == 1, done.stderr
+            assert "delete it" in refusals[0] or "edit its subjects" in refusals[0]
+        # Left as it was, and no replica joined the membership meanwhile.
+        info = await js.stream_info("KV_hrwcron_processed")
+        assert (info.config.republish is None) == ("republish" not in tamper)
+        members = await js.stream_info("KV_hrwcron_members")
+        assert members.state.messages == 0
+    finally:
+        await nc.close()

@@ -385,3 +385,47 @@ async def test_weighted_shares_in_status_follow_the_weights(nats_url: str) -> No
         assert owners["w3"] > owners["w2"] > owners["w1"]
     finally:
         await cluster.stop()
+
+
+async def test_a_request_whose_reply_subject_is_no_inbox_is_dropped_and_counted(
+    nats_url: str,
+) -> None:
+    """A requester in the replicas' own account could name a trigger subject or a bucket key
+    as its reply subject and have a replica publish there with its own rights: the replica
+    answers only inboxes (a client's _INBOX.… or an import's _R_.…)."""
+    cluster = await Cluster.start(nats_url, {"a": {}})
+    try:
+        await cluster.admin.put_job(every("inbox.victim", 3600))
+        replica = cluster.replicas["a"]
+        assert replica.admin is not None
+        nc = cluster.client
+        landed: list[str] = []
+
+        async def record(msg: Any) -> None:
+            landed.append(msg.subject)
+
+        targets = ["hrwcron.trigger.inbox.victim.forged", "$KV.hrwcron_members.forged"]
+        for target in targets:
+            await nc.subscribe(target, cb=record)
+        request = msgspec.json.encode({"name": "inbox.victim"})
+        for target in targets:
+            await nc.publish("hrwcron.admin.jobs.get", request, reply=target)
+        await wait_for_async(
+            lambda: replica.admin is not None and replica.admin.refused_replies == len(targets),
+            timeout=DEADLINE,
+            message="both requests refused",
+        )
+        # The same request on an inbox is answered; anything sent before it has been handled.
+        answer = await nc.request("hrwcron.admin.jobs.get", request, timeout=5)
+        assert b"inbox.victim" in answer.data
+        await nc.flush()
+        assert landed == []
+        assert replica.telemetry is None or (
+            replica.telemetry.registry.get_sample_value("hrwcron_admin_refused_replies_total")
+            == len(targets)
+        )
+        js = nc.jetstream()
+        with pytest.raises(Exception, match="no message found"):
+            await js.get_last_msg("HRWCRON_TRIGGERS", targets[0])
+    finally:
+        await cluster.stop()

@@ -15,6 +15,7 @@ from hrwcron.core.config import (
     default_node_id,
     load_config,
     parse_config,
+    redact_secrets,
     redact_url,
 )
 from hrwcron.core.errors import ConfigError
@@ -658,3 +659,36 @@ def test_claims_storage_follows_storage_memory_and_its_own_setting() -> None:
     assert Layout(storage="memory", claims_storage="file").claims_storage_type == (
         StorageType.MEMORY
     )
+
+
+SEED = "SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY"
+JWT = "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJqdGkiOiJBQkMifQ.c2lnbmF0dXJl"
+CREDS = f"-----BEGIN NATS USER JWT-----\n{JWT}\n------END NATS USER JWT------\n"
+
+
+@pytest.mark.parametrize("variable", ["HRWCRON_NATS_NKEY_SEED", "HRWCRON_NATS_CREDS"])
+@pytest.mark.parametrize("value", [SEED, JWT, CREDS])
+def test_a_secret_given_where_a_path_belongs_is_never_echoed(variable: str, value: str) -> None:
+    found = problems("", {variable: value})
+    texts = [str(found), *found.lines()]
+    for text in texts:
+        assert SEED not in text and JWT not in text and "BEGIN NATS" not in text
+    assert "looks like a secret" in str(found)
+
+
+def test_secret_shapes_are_masked_in_any_text() -> None:
+    line = f"connect failed: seed {SEED} jwt {JWT} creds {CREDS} at nats://a:4222"
+    masked = redact_secrets(line)
+    assert SEED not in masked and JWT not in masked and "BEGIN" not in masked
+    assert masked.startswith("connect failed: seed *** jwt *** creds ***")
+    # A path or an ordinary word is left as it is.
+    assert redact_secrets("/etc/nats/seed.nk SUNDAY") == "/etc/nats/seed.nk SUNDAY"
+
+
+def test_the_status_token_is_masked_like_a_password() -> None:
+    cfg = parse('[http]\nstatus_token = "st-0123456789abcdef"\n')
+    assert "st-0123456789abcdef" not in repr(cfg) + str(cfg.redacted())
+    assert cfg.redacted()["http"]["status_token"] == "***"
+    assert [p.where for p in problems('[http]\nstatus_token = "short"\n').problems] == [
+        "http.status_token"
+    ]

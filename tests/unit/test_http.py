@@ -281,3 +281,42 @@ def test_the_policy_allows_exactly_the_page_style() -> None:
     digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
     assert f"style-src 'sha256-{digest}'" in PAGE_CSP
     assert page.count("<style") == 1 and " style=" not in page  # nothing else needs allowing
+
+
+TOKEN = "status-token-0123456789"
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [
+        (None, 401),
+        (f"Bearer {TOKEN}", 200),
+        ("Bearer wrong-token-0123456789", 401),
+        ("Basic " + base64.b64encode(f"anyone:{TOKEN}".encode()).decode(), 200),
+        ("Basic " + base64.b64encode(b"anyone:wrong").decode(), 401),
+        ("Basic not-base64!", 401),
+        (f"Token {TOKEN}", 401),
+    ],
+)
+async def test_a_status_token_guards_the_page_and_status_but_not_probes_or_metrics(
+    authorization: str | None, status: int
+) -> None:
+    source = FakeSource()
+    server = HttpServer(
+        "127.0.0.1:0", registry=CollectorRegistry(), source=source, status_token=TOKEN
+    )
+    await server.start()
+    try:
+        extra = f"Authorization: {authorization}\r\n" if authorization else ""
+        for target in ("/", "/status"):
+            raw = f"GET {target} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+            code, headers, body = await request(server, raw)
+            assert code == status, (target, authorization)
+            if status == 401:
+                assert headers["www-authenticate"].startswith("Basic ")
+                assert b"plain" not in body  # nothing of the status document
+        assert source.calls == ([] if status == 401 else source.calls)
+        for target in ("/healthz", "/readyz", "/metrics"):
+            assert (await get(server, target))[0] == 200
+    finally:
+        await server.close()
