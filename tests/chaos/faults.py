@@ -538,6 +538,22 @@ POISON_SPECS: dict[str, str] = {
     "200 KB payload": json.dumps(
         {"name": "poison.payload", "schedule": "@every 1s", "payload": "x" * 200_000}
     ),
+    # Exclusions a bounded search cannot decide (issue 25): once 5 s of CPU per write, load
+    # and status read; now refused naming exclude, and skipped when found in the bucket.
+    "exclusions leaving no second": json.dumps(
+        {
+            "name": "poison.excl",
+            "schedule": "* * * * * *",
+            "exclude": ["0-58 * * * * *", "59 * * * * *"],
+        }
+    ),
+    "exclusions of every other second": json.dumps(
+        {
+            "name": "poison.excl.odd",
+            "schedule": "* * * * * *",
+            "exclude": ["*/2 * * * * *", "1-59/2 * * * * *"],
+        }
+    ),
 }
 
 
