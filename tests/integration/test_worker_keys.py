@@ -155,10 +155,6 @@ async def test_a_legacy_done_record_counts_only_for_triggers_stored_before_the_w
         await worker.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a tick key with a wildcard in its job part is read as a wildcard subject",
-)
 async def test_a_hostile_tick_key_is_not_taken_for_another_ticks_record(nc: Client) -> None:
     runs: list[str] = []
 

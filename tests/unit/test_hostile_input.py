@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -340,6 +341,8 @@ class _Request:
 
     def __init__(self, data: bytes) -> None:
         self.data = data
+        # The message behind it: replicas answer only on an inbox.
+        self._msg = SimpleNamespace(reply="_INBOX.test")
         self.reply: bytes | None = None
         self.error: tuple[str, str, bytes] | None = None
 

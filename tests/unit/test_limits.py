@@ -5,6 +5,7 @@ nesting, time zones, trigger size. Each refusal names its field and changes noth
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -206,6 +207,8 @@ def test_a_max_payload_that_does_not_fit_the_server_is_refused_at_start() -> Non
 class _Request:
     def __init__(self, data: bytes) -> None:
         self.data = data
+        # The message behind it: replicas answer only on an inbox.
+        self._msg = SimpleNamespace(reply="_INBOX.test")
         self.reply: bytes | None = None
         self.error: tuple[str, str, bytes] | None = None
 

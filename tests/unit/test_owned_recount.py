@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from harness import wait_for_async
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin.jobtable import summary
@@ -57,11 +55,6 @@ def test_a_job_leaving_the_table_for_a_bad_spec_is_reported_removed() -> None:
     assert "a" not in jobs.jobs and hooks.removed_jobs == ["a"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: JobTable.apply drops the old job without calling hooks.removed when the new "
-    "spec passes the rules but cannot be planned (its except branch returns early)",
-)
 def test_a_job_leaving_the_table_for_a_spec_that_cannot_be_planned_is_reported_removed() -> None:
     jobs, hooks, _ = table()
     jobs.apply(event("a", 1))

@@ -89,6 +89,7 @@ def _print_next(args: argparse.Namespace, spec: JobSpec, runs_left: int | None) 
     horizon = at + SEARCH_HORIZON_MS
     lines: list[str] = []
     found = 0
+    exhausted = False
     # One step per line shown, and the search's bound for the stretches between them.
     for _ in range(wanted + SEARCH_BUDGET):
         due = plan.next_after(at) if found < wanted else None
@@ -109,8 +110,17 @@ def _print_next(args: argparse.Namespace, spec: JobSpec, runs_left: int | None) 
             )
             lines.append(f"{format_instant(due)}  excluded by {exclusion.text!r}{tail}")
         at = max(due, until - 1)
+    else:
+        exhausted = True
     emit(lines)
-    if found < args.count:
+    if exhausted:
+        print(
+            f"hrwcron next: {plural(found, 'instant')}: the search stopped after "
+            f"{SEARCH_BUDGET} excluded stretches without deciding whether a further tick fires "
+            f"(the exclusions are too dense); try a later --after than {format_instant(at)}",
+            file=sys.stderr,
+        )
+    elif found < args.count:
         why = _why_no_more(plan, found, runs_left, searched=due is not None)
         print(f"hrwcron next: {why}", file=sys.stderr)
     return EXIT_OK

@@ -226,6 +226,8 @@ class JobTable:
             log.warning("job %r skipped: %s", event.name, error)
             self._observer.bad_job(event.name, error)
             self.skipped[event.name] = (event.revision, error)
+            if old is not None:
+                self._hooks.removed(old)
             return
         self.digest ^= job.digest
         self.jobs[job.spec.name] = job

@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 from hrwcron.adapters.jetstream.kv import conditional_put, last_message
 from hrwcron.adapters.jetstream.pipeline import WRONG_LAST_SEQUENCE
 from hrwcron.core.errors import HrwcronError
+from hrwcron.core.model import job_name_problem
 from hrwcron.core.ticks import CLAIM_DUE, CLAIM_MANUAL, claim_key
 from hrwcron.worker.errors import WorkerSetupError
 
@@ -53,14 +54,16 @@ def tick_record_key(tick: str) -> str:
     whatever the job names and trigger ids. A tick key of neither shape (not one a replica
     publishes) gets a key of its own under ``other``."""
     parts = tick.split(":")
-    if len(parts) == 2 and parts[0] and parts[1].isdigit():
+    job_ok = bool(parts) and job_name_problem(parts[0]) is None
+    if job_ok and len(parts) == 2 and _DIGITS.fullmatch(parts[1]):
         return claim_key(parts[0], CLAIM_DUE, parts[1])
-    if len(parts) == 3 and parts[0] and parts[1] == CLAIM_MANUAL and _TOKEN.fullmatch(parts[2]):
+    if job_ok and len(parts) == 3 and parts[1] == CLAIM_MANUAL and _TOKEN.fullmatch(parts[2]):
         return claim_key(parts[0], CLAIM_MANUAL, parts[2])
     return f"other.{hashlib.sha256(tick.encode()).hexdigest()[:32]}"
 
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 def now_ms() -> int:
