@@ -10,7 +10,13 @@ SYNC ?= always
 # Seconds of work before the first fault (130: past nats-server's default two-minute flush).
 WARMUP ?= 0
 
-.PHONY: run test lint fmt bench bench-full chaos clean venv system-deps
+# Test worker processes: most tests wait on real servers and replicas rather than compute, so
+# twice the cores keeps a 2-core machine busy without starving the timing-sensitive ones. A
+# test file runs whole on one worker (its module fixtures, such as a shipped cluster, once).
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$((n * 2)))
+PYTEST_PARALLEL := -n $(JOBS) --dist loadfile
+
+.PHONY: run test check lint fmt bench bench-full chaos clean venv system-deps
 
 venv: $(STAMP)
 
@@ -20,6 +26,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The plots of a benchmark run; only `make bench` waits for them.
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 run: $(STAMP)
 	$(BIN)/hrwcron dev
@@ -62,13 +74,19 @@ system-deps:
 	  fi; \
 	fi
 
+# Everything CI runs: lint, then the whole suite in parallel, with the slowest tests listed.
 test: lint system-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
-bench: $(STAMP)
+# The inner loop: lint, the unit tests and the contract tests on the in-memory stores, no
+# server. Under a minute; run `make test` before you push.
+check: lint
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests/unit tests/contract -k 'not jetstream' --durations=5
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench
 
-bench-full: $(STAMP)
+bench-full: $(BENCH_STAMP)
 	$(BIN)/python -m bench --full
 
 chaos: $(STAMP) system-deps

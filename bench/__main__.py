@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import burst, durability, failover, hrw_quality, operator, plots, precision, report, scale
+from . import burst, durability, failover, hrw_quality, operator, precision, report, scale
 from .common import ROOT, Deployment, machine, nats_server_version
 
 SECTIONS = ("precision", "burst", "failover", "scale", "hrw", "durability", "operator")
@@ -142,6 +142,9 @@ async def run_sections(results: report.Results, chosen: list[str], seed: int) ->
 
 
 def write_plots(results: report.Results, directory: Path) -> None:
+    # matplotlib is the bench extra's (make bench installs it), not the test suite's.
+    from . import plots
+
     directory.mkdir(parents=True, exist_ok=True)
     if results.precision:
         plots.precision(results.precision, directory / "precision.png")

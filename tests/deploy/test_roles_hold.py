@@ -142,10 +142,18 @@ async def test_a_workers_reply_subjects_stay_in_its_own_account(
         await worker.client.publish("$KV.hrwcron_processed.roles.x", b"{}", reply=target)
         await worker.client.publish(f"{WORKER_API_PREFIX}.STREAM.INFO.{STREAM}", b"", reply=target)
     await _round_trip(worker)
-    await _assert_untouched(replica, before)
     # The writes themselves landed: the requests were served, only their replies went home.
     js = worker.client.jetstream(prefix=WORKER_API_PREFIX)
-    assert (await js.get_last_msg("KV_hrwcron_processed", "$KV.hrwcron_processed.roles.x")).data
+
+    async def written() -> bool:
+        try:
+            msg = await js.get_last_msg("KV_hrwcron_processed", "$KV.hrwcron_processed.roles.x")
+        except NotFoundError:
+            return False
+        return bool(msg.data)
+
+    await wait_for_async(written, timeout=30, message="the worker's own write landed")
+    await _assert_untouched(replica, before)
     assert replica.scheduler.ready
     assert worker.violations() == []
 
