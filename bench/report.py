@@ -13,6 +13,9 @@ from .failover import FailoverResult
 from .operator import OperatorResult, goal_rows, section
 from .precision import Run
 from .scale import ScaleResult
+from .searches import SearchesResult
+from .searches import goal_rows as search_goal_rows
+from .searches import section as search_section
 
 LATENESS = (
     "**Lateness** of a trigger is the JetStream timestamp of the stored message (set by the "
@@ -39,6 +42,7 @@ class Results:
     scale: ScaleResult | None = None
     hrw: str = ""
     operator: OperatorResult | None = None
+    searches: SearchesResult | None = None
     errors: list[str] = field(default_factory=list)
     durability: DurabilityResult | None = None
 
@@ -424,6 +428,7 @@ def _goal_rows(r: Results) -> list[tuple[str, str, str]]:
             ),
         ]
     rows += goal_rows(r.operator)
+    rows += search_goal_rows(r.searches)
     return rows
 
 
@@ -488,6 +493,7 @@ def results_md(r: Results) -> str:
         lines += ["## 5. " + r.hrw.lstrip("# ").rstrip(), ""]
     lines += durability_section(r.durability)
     lines += section(r.operator, 7)
+    lines += search_section(r.searches, 8)
     if r.errors:
         lines += ["## Sections that failed", "", *[f"- {e}" for e in r.errors], ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -113,3 +113,16 @@ def test_durability_section_sets_the_two_sync_settings_side_by_side() -> None:
     assert "| precision R3, spread | — | p50 2.0 / p99 " in text
     assert "| herd of 100: last trigger stored | — | 2.00 s (4.0× floor) |" in text
     assert durability_section(None) == []
+
+
+def test_the_search_benchmark_measures_refusals_within_the_bound() -> None:
+    from bench.searches import ADVERSARIAL, spec_costs
+
+    from hrwcron.core.plan import SEARCH_BUDGET
+
+    costs = {c.name: c for c in spec_costs(1_796_000_000_000)}
+    for name in ADVERSARIAL:
+        assert costs[name].steps <= 2 * SEARCH_BUDGET, name
+    assert costs["one second in two minutes"].verdict == "refused"
+    assert costs["one second an hour (dense, fires)"].verdict == "accepted"
+    assert costs["plain (floor)"].steps <= 2

@@ -8,7 +8,7 @@ import pytest
 from hrwcron.cli import main
 
 # Every second but 59 excluded, and 59 too from Sunday to Friday: fires on Saturdays only,
-# 00:00:59 first. From a Tuesday that is more than 2,000 covered stretches away.
+# 00:00:59 first. From a Tuesday that is thousands of covered stretches away, past the search bound.
 SATURDAYS = ["* * * * * *", "--exclude", "0-58 * * * * *", "--exclude", "59 * * * * 0-5"]
 
 

@@ -13,13 +13,13 @@ import base64
 import binascii
 import contextlib
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from hrwcron.adapters.status_page import MAX_LIMIT, PAGE_CSP, render_page
@@ -86,7 +86,9 @@ class Response:
 
 
 def _json(status: int, data: Any) -> Response:
-    return Response(status, json.dumps(data).encode(), "application/json")
+    # msgspec encodes a status document of 10,000 jobs several times faster than json: the
+    # event loop that fires ticks waits for the encoding.
+    return Response(status, msgspec.json.encode(data), "application/json")
 
 
 def _text(status: int, text: str) -> Response:
