@@ -22,7 +22,6 @@ import json
 import re
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,7 @@ from nats.js.errors import KeyNotFoundError
 
 from harness import NatsServer, ReplicaProcess, wait_for_async
 from hrwcron.admin import AdminClient, AdminError
-from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
 from hrwcron.core.model import JobSpec, encode
-from hrwcron.process.app import open_stores
 
 from .test_cli_admin import hrwcron
 from .test_hostile_jobs import HTTP_AT, replica
@@ -72,15 +69,8 @@ def put_args(name: str) -> list[str]:
 
 
 @pytest.fixture
-async def client(nats_server: NatsServer) -> AsyncIterator[Client]:
-    config = Config(
-        nats=NatsConfig(servers=[nats_server.url]),
-        scheduler=SchedulerConfig(node_id="test"),
-        http=HttpConfig(listen=""),
-    )
-    stores = await open_stores(config)  # the buckets and the stream, as a replica makes them
-    yield stores.client
-    await stores.client.close()
+async def client(provisioned: Client) -> Client:
+    return provisioned
 
 
 def get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:

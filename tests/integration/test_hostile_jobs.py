@@ -8,7 +8,6 @@ import json
 import os
 import re
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,7 @@ import pytest
 from nats.aio.client import Client
 
 from harness import NatsServer, ReplicaProcess, wait_for_async
-from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
 from hrwcron.core.model import JobSpec, encode
-from hrwcron.process.app import open_stores
 
 DEADLINE = 30.0
 # Read by the test harness only; a replica refuses unknown HRWCRON_* variables.
@@ -50,15 +47,8 @@ def http_get(url: str) -> tuple[int, bytes]:
 
 
 @pytest.fixture
-async def client(nats_server: NatsServer) -> AsyncIterator[Client]:
-    config = Config(
-        nats=NatsConfig(servers=[nats_server.url]),
-        scheduler=SchedulerConfig(node_id="test"),
-        http=HttpConfig(listen=""),
-    )
-    stores = await open_stores(config)  # provisions the buckets and stream like a replica
-    yield stores.client
-    await stores.client.close()
+async def client(provisioned: Client) -> Client:
+    return provisioned
 
 
 # Written by "another client": bytes the admin API and the CLI would never let through.

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -21,23 +19,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from harness import wait_for_async
 from hrwcron.core.model import JobSpec
-from hrwcron.process.app import open_stores
 from hrwcron.worker import DONE, Processed, Trigger, Worker
 
-from .replicas import Cluster, replica_config, scheduled_dues
+from .replicas import Cluster, scheduled_dues
 from .workers import publish
 
 DEADLINE = 20.0
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[Client]:
-    # The stream and buckets exactly as a replica provisions them.
-    stores = await open_stores(replica_config(nats_url, "provisioner"))
-    await stores.client.close()
-    client = await nats.connect(nats_url)
-    yield client
-    await client.close()
 
 
 async def test_redelivery_while_running_runs_the_handler_once(nc: Client) -> None:

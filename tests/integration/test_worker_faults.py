@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
@@ -25,24 +24,12 @@ from hrwcron import worker as sdk
 from hrwcron.adapters.jetstream.claims import JetStreamRuns
 from hrwcron.core.errors import HrwcronError
 from hrwcron.engine.failpoints import ENV as FAILPOINTS
-from hrwcron.process.app import open_stores
 from hrwcron.worker import DONE, Processed, Trigger, Worker
 from hrwcron.worker.records import tick_record_key
 
-from .replicas import replica_config
 from .workers import STREAM, marker, publish, revision, settled
 
 DEADLINE = 20.0
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[Client]:
-    # The stream and buckets exactly as a replica provisions them.
-    stores = await open_stores(replica_config(nats_url, "provisioner"))
-    await stores.client.close()
-    client = await nats.connect(nats_url)
-    yield client
-    await client.close()
 
 
 def logged(caplog: pytest.LogCaptureFixture, *words: str) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
 
 import msgspec
 import nats
@@ -25,25 +24,14 @@ from prometheus_client import CollectorRegistry
 from harness import wait_for_async
 from hrwcron.core.model import JobSpec, TriggerMessage, encode
 from hrwcron.core.ticks import format_ms
-from hrwcron.process.app import open_stores
 from hrwcron.worker import DONE, Processed, Trigger, Worker
 
-from .replicas import Cluster, replica_config
+from .replicas import Cluster
 from .test_cli_admin import hrwcron
 from .workers import STREAM, marker, publish
 
 DEADLINE = 30.0
 PROCESSED = "hrwcron_processed"
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[Client]:
-    # The stream and buckets exactly as a replica provisions them.
-    stores = await open_stores(replica_config(nats_url, "provisioner"))
-    await stores.client.close()
-    client = await nats.connect(nats_url)
-    yield client
-    await client.close()
 
 
 def logged(caplog: pytest.LogCaptureFixture, *words: str) -> bool:
