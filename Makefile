@@ -11,10 +11,11 @@ SYNC ?= always
 WARMUP ?= 0
 
 # Test worker processes: most tests wait on real servers and replicas rather than compute, so
-# twice the cores keeps a 2-core machine busy without starving the timing-sensitive ones. A
-# test file runs whole on one worker (its module fixtures, such as a shipped cluster, once).
+# twice the cores keeps a 2-core machine busy without starving the timing-sensitive ones. An
+# idle worker steals tests from a busy one, so the long ones (the bounded chaos run, engine
+# tests waiting on real seconds) do not pile up at the end on one worker.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$((n * 2)))
-PYTEST_PARALLEL := -n $(JOBS) --dist loadfile
+PYTEST_PARALLEL := -n $(JOBS) --dist worksteal
 
 .PHONY: run test check lint fmt bench bench-full chaos clean venv system-deps
 
@@ -80,10 +81,8 @@ test: lint system-deps
 
 # The inner loop: lint, the unit tests and the contract tests on the in-memory stores, no
 # server. Under a minute; run `make test` before you push.
-# Work stealing rather than whole files: the engine tests wait on real seconds and would
-# otherwise pile up on one worker.
 check: lint
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal tests/unit tests/contract -k 'not jetstream' --durations=5
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests/unit tests/contract -k 'not jetstream' --durations=5
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench
