@@ -6,8 +6,9 @@ after ``end`` (both inclusive, RFC 3339 instants). Exclusions do not remove tick
 sequence: an excluded tick still comes due, so that its owner can count it (outcome
 ``excluded``) at its instant and never fire it, late or otherwise. The engine asks
 :meth:`TickPlan.excluded` before it acts. What needs only the ticks that fire (``hrwcron
-next``, backfill, the status page) uses :meth:`TickPlan.iter_firing`, which steps over
-excluded stretches instead of walking every second of an excluded day.
+next``, backfill, the status page) searches with :meth:`TickPlan.search`, which steps over
+each excluded stretch whole, bounded in steps; a request that searches for many jobs shares
+one :class:`Allowance` between them.
 
 Exclusions (parsed by :mod:`hrwcron.core.exclusions`) are read in the job's zone, on local
 wall time:
@@ -43,7 +44,6 @@ __all__ = [
     "REQUEST_SEARCH_BUDGET",
     "SEARCH_BUDGET",
     "SEARCH_HORIZON_MS",
-    "STATUS_SEARCH_BUDGET",
     "Allowance",
     "Exclusion",
     "Search",
@@ -327,11 +327,10 @@ def lifecycle(
     return "active"
 
 
-# How far a status read looks past excluded ticks for the next one that fires, per job and for
-# one whole request (a page of up to 10,000 jobs, the timeline): each excluded stretch is one
-# step, so a real calendar needs a handful; a request that spends its allowance shows the rest
-# as unknown rather than holding the replica.
-STATUS_SEARCH_BUDGET = 2_000
+# Search steps one whole request may spend (a status page of up to 10,000 jobs, a bulk write),
+# each of its searches at most SEARCH_BUDGET: each excluded stretch is one step, so a real
+# calendar needs a handful per job; a request that spends its allowance shows the rest as
+# unknown (or refuses them) rather than holding the replica.
 REQUEST_SEARCH_BUDGET = 100_000
 
 
@@ -350,7 +349,7 @@ class Allowance:
         instant: int,
         *,
         until: int | None = None,
-        most: int = STATUS_SEARCH_BUDGET,
+        most: int = SEARCH_BUDGET,
     ) -> Search:
         """``plan.search(instant, until=until)`` on at most ``most`` of the steps left;
         nothing found, and ``complete`` False, once the allowance is spent."""
