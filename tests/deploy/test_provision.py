@@ -9,7 +9,14 @@ import sys
 
 import nats
 import pytest
-from nats.js.api import KeyValueConfig, RePublish, StorageType, StreamConfig, StreamSource
+from nats.js.api import (
+    ConsumerConfig,
+    KeyValueConfig,
+    RePublish,
+    StorageType,
+    StreamConfig,
+    StreamSource,
+)
 
 from harness import NatsServer, free_ports
 
@@ -183,3 +190,56 @@ async def test_a_tampered_bucket_is_refused_by_provision_and_by_replicas(
         assert members.state.messages == 0
     finally:
         await nc.close()
+
+
+async def test_worker_groups_get_their_pull_consumers_once(nats_server: NatsServer) -> None:
+    extra = ("--worker-group", "reports", "--worker-subject", "hrwcron.trigger.reports.>")
+    first = await asyncio.to_thread(provision, nats_server.url, *extra)
+    assert first.returncode == 0, first.stderr
+    line = first.stdout.splitlines()[-1]
+    assert line == (
+        "consumer HRWCRON_TRIGGERS/reports: created (pull, subjects hrwcron.trigger.reports.>, "
+        "ack wait 30s, max deliver 5)"
+    )
+    again = await asyncio.to_thread(provision, nats_server.url, *extra)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == line.replace(": created (", ": exists (")
+    nc = await nats.connect(nats_server.url)
+    try:
+        info = await nc.jetstream().consumer_info("HRWCRON_TRIGGERS", "reports")
+        assert info.config.deliver_subject is None
+        assert info.config.filter_subject == "hrwcron.trigger.reports.>"
+    finally:
+        await nc.close()
+
+
+async def test_a_push_consumer_in_a_worker_groups_name_is_refused(nats_server: NatsServer) -> None:
+    first = await asyncio.to_thread(provision, nats_server.url)
+    assert first.returncode == 0, first.stderr
+    nc = await nats.connect(nats_server.url)
+    try:
+        await nc.jetstream().add_consumer(
+            "HRWCRON_TRIGGERS",
+            ConsumerConfig(durable_name="pushy", deliver_subject="somewhere.else"),
+        )
+        done = await asyncio.to_thread(provision, nats_server.url, "--worker-group", "pushy")
+        assert done.returncode == 1
+        assert "consumer HRWCRON_TRIGGERS/pushy is a push consumer" in done.stderr
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--worker-subject", "hrwcron.trigger.x"], "--worker-subject needs --worker-group"),
+        (["--worker-group", "g", "--worker-subject", "other.x"], "outside the trigger stream"),
+        (["--worker-group", "a.b"], "is not a consumer name"),
+    ],
+)
+def test_worker_group_options_are_checked_before_connecting(argv: list[str], said: str) -> None:
+    (port,) = free_ports(1)  # nothing listens: a usage error must come first
+    done = provision(f"nats://127.0.0.1:{port}", *argv, "--timeout", "1")
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr
+    assert done.stdout == ""
