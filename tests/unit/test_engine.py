@@ -20,6 +20,7 @@ import pytest
 
 from harness import wait_for_async
 from harness.chaos import Trigger, describe, find_violations, parse_trigger
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.core import hrw
 from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
@@ -414,9 +415,13 @@ async def test_replica_that_cannot_heartbeat_stops_claiming(cluster: Cluster) ->
     cut = replicas["c"]
     cut.members.cut = True
     cut_at = now_ms()
-    await wait_for_async(lambda: not cut.scheduler.ready, timeout=10, message="c reports not ready")
+    # Not ready as soon as its heartbeat is too old, and reported so at its next refresh.
+    await wait_for_async(
+        lambda: not cut.scheduler.ready and cut.recorder.readiness_log[-1][0] is False,
+        timeout=10,
+        message="c reports not ready",
+    )
     assert "heartbeat" in cut.scheduler.not_ready_reason
-    assert cut.recorder.readiness_log[-1][0] is False
     end = second_after(now_ms(), 3)
     await cluster.run_until(jobs, end)
     # Nothing from c once its heartbeat is older than the TTL (it may finish a tick it had

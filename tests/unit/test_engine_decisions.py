@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.core.model import JobSpec
 from hrwcron.engine.clock import Clock

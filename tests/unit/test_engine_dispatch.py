@@ -10,6 +10,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryClaims, MemoryTriggers
 from hrwcron.core.model import JobSpec
 from hrwcron.core.ticks import TickId

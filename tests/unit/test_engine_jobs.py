@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from harness import wait_for_async
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.core.errors import HrwcronError
 from hrwcron.core.model import JobSpec

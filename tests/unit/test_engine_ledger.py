@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 
 from harness import wait_for_async
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryTriggers
 from hrwcron.engine.ledger import TriggerLedger
 from hrwcron.engine.ports import HEADER_MSG_ID, HEADER_WATERMARK, LastTrigger, NullObserver

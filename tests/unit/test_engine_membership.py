@@ -9,6 +9,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from harness import wait_for_async
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryMembers
 from hrwcron.core.model import JobSpec
 from hrwcron.engine.clock import Clock

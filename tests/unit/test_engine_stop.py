@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from harness import wait_for_async
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.engine.ports import MemberRecord, NullObserver
 from hrwcron.engine.scheduler import Scheduler, Settings

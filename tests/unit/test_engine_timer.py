@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 
 from harness import wait_for_async
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.core.model import JobSpec
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.jobs import Job

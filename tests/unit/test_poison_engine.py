@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from harness import wait_for_async
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.jetstream.pipeline import message_size
 from hrwcron.adapters.memory import MemoryTriggers
 from hrwcron.core.errors import ScheduleError

@@ -106,7 +106,7 @@ class MemoryMembers:
     def __init__(
         self,
         ttl: float,
-        now: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = lambda: time.monotonic(),
         server_clock: Callable[[], float] = lambda: time.time() * 1000,
     ) -> None:
         self.ttl = ttl
@@ -151,7 +151,7 @@ class MemoryMembers:
 
 
 class MemoryClaims:
-    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, now: Callable[[], float] = lambda: time.monotonic()) -> None:
         self._bucket: _Bucket[ClaimRecord] = _Bucket(now)
 
     async def create(self, key: str, record: ClaimRecord, ttl: float) -> int | None:

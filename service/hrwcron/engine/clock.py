@@ -64,8 +64,10 @@ class Clock:
     def __init__(
         self,
         wall_ms: Callable[[], float] = lambda: time.time() * 1000,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = lambda: time.monotonic(),
     ) -> None:
+        # Both read the time module when called, not when this module was imported, so a test
+        # that runs the engine on virtual time (tests/harness/virtual_time.py) moves them too.
         self._wall_ms = wall_ms
         self.monotonic = monotonic
         self.estimator = OffsetEstimator()
