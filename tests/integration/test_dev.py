@@ -50,11 +50,14 @@ class Playground:
         return {name: int(pid) for name, pid in REPLICA.findall(self.dev.output())}
 
     def wait_all_gone(self) -> None:
-        wait_for(
-            lambda: not self.processes(),
-            timeout=STOPPED_WITHIN,
-            message=f"every process of the playground gone; dev output:\n{self.dev.output()}",
-        )
+        try:
+            wait_for(lambda: not self.processes(), timeout=STOPPED_WITHIN, message="gone")
+        except AssertionError:
+            left = [f"{pid}: {_cmdline(pid)}" for pid in self.processes()]
+            raise AssertionError(
+                f"every process of the playground gone within {STOPPED_WITHIN:g} s; still "
+                f"there: {left}; dev output:\n{self.dev.output()}"
+            ) from None
         wait_for(
             lambda: not any(self.tmp.iterdir()),
             timeout=STOPPED_WITHIN,
@@ -66,6 +69,15 @@ class Playground:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.dev.wait(10)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "(gone)"
+    return f"[{state}] " + raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 @pytest.fixture
