@@ -44,6 +44,14 @@ class Playground:
         return marked_processes(MARK, self.mark)
 
     def ctrl_c(self) -> None:
+        # Not before the child has exec'd: between fork and exec the child still runs this
+        # process's Python signal handler, which takes the signal and loses it with the exec,
+        # and the playground would start as if nobody had pressed Ctrl-C.
+        wait_for(
+            lambda: b"hrwcron" in _proc(self.dev.pid, "cmdline"),
+            timeout=DEADLINE,
+            message="the playground's interpreter started",
+        )
         os.killpg(self.dev.pid, signal.SIGINT)
 
     def replica_pids(self) -> dict[str, int]:
@@ -71,13 +79,17 @@ class Playground:
         self.dev.wait(10)
 
 
-def _cmdline(pid: int) -> str:
+def _proc(pid: int, name: str) -> bytes:
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/{name}").read_bytes()
     except OSError:
-        return "(gone)"
-    return f"[{state}] " + raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        return b""
+
+
+def _cmdline(pid: int) -> str:
+    state = _proc(pid, "stat").decode(errors="replace").rsplit(")", 1)[-1].split()[:1]
+    command = _proc(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+    return f"[{''.join(state)}] {command or '(gone)'}"
 
 
 @pytest.fixture
