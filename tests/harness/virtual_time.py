@@ -91,10 +91,17 @@ def virtual_time(monkeypatch: pytest.MonkeyPatch) -> Iterator[VirtualClock]:
 # virtual_clock``. Every test of that module then runs on virtual time.
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def virtual_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[VirtualClock]:
+    """Autouse, so a synchronous test that runs ``asyncio.run`` gets the virtual loop too:
+    the time module is virtual for every test of the module, and must move."""
     with virtual_time(monkeypatch) as clock:
-        yield clock
+        previous = asyncio.get_event_loop_policy()
+        asyncio.set_event_loop_policy(VirtualTimePolicy(clock))
+        try:
+            yield clock
+        finally:
+            asyncio.set_event_loop_policy(previous)
 
 
 @pytest.fixture

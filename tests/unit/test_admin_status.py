@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from harness import wait_for_async
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.api import JobList, StatusReply

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from harness import wait_for_async
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin.jobtable import summary
 from hrwcron.core.model import JobSpec
