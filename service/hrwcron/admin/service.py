@@ -155,11 +155,11 @@ class AdminService(JobVerbs, RunVerbs):
             self._on_refused()
         if self.refused_replies % 100 == 1:
             log.warning(
-                "admin %s request refused: its reply subject %r is not an inbox (%s...); "
-                "%d refused so far",
+                "admin %s request refused: its reply subject %r is not an inbox (it starts "
+                "with none of %s); %d refused so far",
                 verb,
                 reply_to[:120],
-                "... or ".join(REPLY_PREFIXES),
+                ", ".join(REPLY_PREFIXES),
                 self.refused_replies,
             )
 
