@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness import wait_for_async
+from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.model import JobSpec
 from hrwcron.core.plan import SEARCH_BUDGET, Allowance, TickPlan
 
@@ -81,9 +83,15 @@ def test_an_allowance_is_shared_and_once_spent_searches_get_nothing() -> None:
     assert refused is not None and "smaller requests" in refused.message
 
 
-def test_iter_firing_spends_one_budget_for_all_ticks() -> None:
+def test_iter_firing_spends_one_allowance_for_all_ticks_and_says_when_it_ran_out() -> None:
     plan = TickPlan.parse("* * * * * *", job="sec")
-    assert len(list(plan.iter_firing(NOW, budget=25))) == 25
+    found: list[int] = []
+    with pytest.raises(SearchExhausted):
+        for due in plan.iter_firing(NOW, allowance=Allowance(25)):
+            found.append(due)
+    assert len(found) == 25
+    # Within the bound and up to ``until`` it simply ends.
+    assert len(list(plan.iter_firing(NOW, until=NOW + 10_000))) == 10
 
 
 # --- covered stretches, against a second-by-second reference ----------------------------
@@ -121,3 +129,37 @@ def test_a_covered_stretch_is_covered_throughout_and_ends_where_coverage_ends(
     assert exclusion.covers(until - 1000)
     if until < instant + 400 * 86_400_000:
         assert not exclusion.covers(until)
+
+
+async def test_a_backfill_over_ticks_too_sparse_to_list_is_refused_as_too_large() -> None:
+    from hrwcron.adapters.memory import MemoryJobs
+    from hrwcron.core.ticks import format_ms
+
+    from .serving import serving
+    from .test_limits import call, refusal
+
+    # Fires at hh:59:59 only: accepted (about 120 steps to the first tick), but a day of it
+    # takes more steps than one backfill may spend.
+    spec = JobSpec(
+        name="sparse",
+        schedule="* * * * * *",
+        exclude=["0-58 * * * * *", "59 0-58 * * * *"],
+    )
+    assert spec.problems() == []
+    jobs = MemoryJobs()
+    await jobs.put(spec, 0)
+    async with serving(jobs) as svc:
+        now = int(svc._scheduler.clock.now_ms())
+        day = {
+            "name": "sparse",
+            "from": format_ms(now - 90_000_000),
+            "to": format_ms(now - 3_600_000),
+        }
+        await wait_for_async(lambda: "sparse" in svc._scheduler.jobs, timeout=10, message="loaded")
+        code, body = refusal(await call(svc, "backfill", day))
+        assert (code, body.code, body.field) == ("413", "too_large", "from")
+        assert "too sparse" in body.message
+        # Two hours of it fit: two ticks, listed (as a dry run, nothing published).
+        hours = {**day, "from": format_ms(now - 3 * 3_600_000), "dry_run": True}
+        reply = await call(svc, "backfill", hours)
+        assert reply.error is None and reply.reply is not None

@@ -32,6 +32,7 @@ from hrwcron.admin.replies import (
     check_name,
     epoch_ms,
 )
+from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.model import TriggerMessage
 from hrwcron.core.plan import SEARCH_BUDGET, Allowance
 from hrwcron.core.ticks import TickId, format_ms, manual_claim_key
@@ -117,28 +118,28 @@ class RunVerbs(ServiceContext):
         due: list[int] = []
         # The job's ticks that fire: its window and exclusions apply to a backfill too. The
         # search is bounded: a step per tick listed, and the search bound for the gaps.
-        allowance = Allowance(MAX_BACKFILL + SEARCH_BUDGET)
-        after = start - 1
-        while True:
-            found = allowance.search(job.plan, after, until=end, most=SEARCH_BUDGET)
-            if found.due is None:
-                if found.complete:
+        firing = job.plan.iter_firing(
+            start - 1, until=end, allowance=Allowance(MAX_BACKFILL + SEARCH_BUDGET)
+        )
+        try:
+            for instant in firing:
+                due.append(instant)
+                if len(due) > MAX_BACKFILL:
                     break
-                raise ApiError(
-                    "too_large",
-                    f"from/to: the exclusions of {request.name!r} leave its ticks too sparse "
-                    "to list in bounded work; give a shorter range",
-                    "from",
-                )
-            due.append(found.due)
-            after = found.due
-            if len(due) > MAX_BACKFILL:
-                raise ApiError(
-                    "too_large",
-                    f"from/to: the range holds more than {MAX_BACKFILL} due instants of "
-                    f"{request.name!r} ({job.spec.schedule}); split it into smaller ranges",
-                    "from",
-                )
+        except SearchExhausted:
+            raise ApiError(
+                "too_large",
+                f"from/to: the exclusions of {request.name!r} leave its ticks too sparse "
+                "to list in bounded work; give a shorter range",
+                "from",
+            ) from None
+        if len(due) > MAX_BACKFILL:
+            raise ApiError(
+                "too_large",
+                f"from/to: the range holds more than {MAX_BACKFILL} due instants of "
+                f"{request.name!r} ({job.spec.schedule}); split it into smaller ranges",
+                "from",
+            )
         recent = now - job.spec.max_lateness_ms
         older = [t for t in due if t <= recent]
         result = BackfillResult(

@@ -19,6 +19,7 @@ import msgspec
 from hrwcron import __version__
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.jobtable import by_due, format_due_cursor, parse_due_cursor, summary
+from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.plan import Allowance
 from hrwcron.core.ticks import format_ms
 from hrwcron.engine.pacing import Slices
@@ -267,19 +268,22 @@ class ReplicaStatus:
                 continue
             row = rows.setdefault(order[0], [0] * buckets)
             left = s.progress(name, allowance).runs_left
-            after, count = int(now) - 1, 0
-            while left is None or count < left:
-                found = allowance.search(job.plan, after, until=end - job.jitter_ms - 1)
-                if found.due is None:
-                    partial = partial or not found.complete
-                    break
-                row[(found.due + job.jitter_ms - start) // TIMELINE_BUCKET_MS] += 1
-                after, count, spent = found.due, count + 1, spent + 1
-                if spent >= TIMELINE_TICK_BUDGET:
-                    partial = True
-                    break
-                if slices.spent():
-                    await asyncio.sleep(0)
+            firing = job.plan.iter_firing(
+                int(now) - 1, until=end - job.jitter_ms - 1, allowance=allowance
+            )
+            try:
+                for count, due in enumerate(firing):
+                    if left is not None and count >= left:
+                        break
+                    row[(due + job.jitter_ms - start) // TIMELINE_BUCKET_MS] += 1
+                    spent += 1
+                    if spent >= TIMELINE_TICK_BUDGET:
+                        partial = True
+                        break
+                    if slices.spent():
+                        await asyncio.sleep(0)
+            except SearchExhausted:
+                partial = True
         return {
             "start_ms": start,
             "start": format_ms(start),

@@ -115,3 +115,8 @@ class SubjectTakenError(ConflictError):
 
 class NotFoundError(HrwcronError):
     """The named job or record does not exist."""
+
+
+class SearchExhausted(HrwcronError):
+    """A bounded search over a schedule spent its steps before it could tell whether another
+    tick fires (see :data:`hrwcron.core.plan.SEARCH_BUDGET`)."""

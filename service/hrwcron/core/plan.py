@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
-from hrwcron.core.errors import Problem, ScheduleError
+from hrwcron.core.errors import Problem, ScheduleError, SearchExhausted
 from hrwcron.core.exclusions import DAY_MS, Exclusion, parse_exclusion
 from hrwcron.core.schedule import Schedule
 from hrwcron.core.schedule.civil import schedule_error
@@ -224,15 +224,20 @@ class TickPlan:
             t = max(due, exclusion.covered_until(due) - 1)
         return Search(None, False, max(1, budget))
 
-    def iter_firing(self, instant: int, *, budget: int = SEARCH_BUDGET) -> Iterator[int]:
-        """Ticks after ``instant`` that fire (excluded ones left out), ascending, lazily; ends
-        with the window, or once ``budget`` steps in all (not per tick) are spent."""
+    def iter_firing(
+        self, instant: int, *, until: int | None = None, allowance: Allowance | None = None
+    ) -> Iterator[int]:
+        """Ticks after ``instant`` (and at most ``until``) that fire, excluded ones left out,
+        ascending, lazily, every search paid from ``allowance`` (default: one search bound
+        for all of them). Ends with the window or at ``until``; raises SearchExhausted when
+        the steps run out before it can tell whether another tick fires."""
+        shared = allowance or Allowance(SEARCH_BUDGET)
         t = instant
-        left = budget
-        while left > 0:
-            found = self.search(t, budget=left)
-            left -= found.steps
+        while True:
+            found = shared.search(self, t, until=until)
             if found.due is None:
+                if not found.complete:
+                    raise SearchExhausted(f"no firing tick found after {format_ms(t)}")
                 return
             yield found.due
             t = found.due
@@ -284,7 +289,7 @@ class TickPlan:
         if self.plain:
             return None  # every tick of the schedule fires
         shared = allowance or Allowance(SEARCH_BUDGET)
-        found = shared.search(self, after, until=self.end_ms, most=SEARCH_BUDGET)
+        found = shared.search(self, after, until=self.end_ms)
         if found.due is not None:
             return None
         if not found.complete and shared.left <= 0 and found.steps < SEARCH_BUDGET:
