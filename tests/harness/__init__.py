@@ -9,6 +9,7 @@ from .nats import (
     NatsServerError,
     TcpProxy,
     free_ports,
+    http_get,
     nats_server_binary,
 )
 from .procs import (
@@ -37,6 +38,7 @@ __all__ = [
     "faketime_env",
     "find_libfaketime",
     "free_ports",
+    "http_get",
     "keep_dirs",
     "marked_processes",
     "nats_server_binary",

@@ -111,7 +111,8 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """One HTTP GET: the status and the body, also of an error status."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status, resp.read()
@@ -422,7 +423,7 @@ class NatsServer:
     # --- monitoring --------------------------------------------------------------------
 
     def _healthz(self, query: str = "") -> bool:
-        status, _ = _http_get(f"{self.monitor_url}/healthz" + (f"?{query}" if query else ""))
+        status, _ = http_get(f"{self.monitor_url}/healthz" + (f"?{query}" if query else ""))
         return status == 200
 
     def healthy(self, *, js_enabled_only: bool = False) -> bool:
@@ -441,7 +442,7 @@ class NatsServer:
         """GET a monitoring endpoint (``varz``, ``jsz``, ``routez``...) as parsed JSON."""
         query = urllib.parse.urlencode({k: str(v).lower() for k, v in params.items()})
         url = f"{self.monitor_url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
-        status, body = _http_get(url, timeout)
+        status, body = http_get(url, timeout)
         if status != 200:
             raise NatsServerError(f"GET {url} -> {status}: {body[:200]!r}")
         return json.loads(body)

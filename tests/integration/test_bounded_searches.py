@@ -20,8 +20,6 @@ import asyncio
 import contextlib
 import json
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 
-from harness import NatsServer, ReplicaProcess, wait_for_async
+from harness import NatsServer, ReplicaProcess, http_get, wait_for_async
 from hrwcron.admin import AdminClient, AdminError
 from hrwcron.core.model import JobSpec, encode
 
@@ -73,17 +71,9 @@ async def client(provisioned: Client) -> Client:
     return provisioned
 
 
-def get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
-    """One HTTP GET (run it in a thread: the member watch must keep reading meanwhile)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 async def aget(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
-    return await asyncio.to_thread(get, url, timeout)
+    """One HTTP GET in a thread: the member watch must keep reading meanwhile."""
+    return await asyncio.to_thread(http_get, url, timeout)
 
 
 async def status_doc(base: str, query: str = "") -> dict[str, Any]:
