@@ -60,41 +60,67 @@ class Layout:
 
 @dataclass(frozen=True)
 class Shape:
-    """What hrwcron would have created for one bucket or stream: what an existing one is held
-    to. ``ttl`` None means no age limit is part of the contract."""
+    """What hrwcron creates for one bucket or stream, and what an existing one is held to:
+    ``max_age`` is the age limit it is created with, a contract only when ``age_checked``."""
 
     label: str
     stream: str
     subjects: tuple[str, ...]
     storage: StorageType
-    ttl: float | None
+    max_age: float | None
+    age_checked: bool
     per_message_ttl: bool
+    history: int = 1
 
 
 def shapes(layout: Layout) -> list[Shape]:
     """Every bucket and the trigger stream, in provisioning order."""
 
-    def bucket(name: str, storage: StorageType, ttl: float | None, per_message_ttl: bool) -> Shape:
+    def bucket(
+        name: str,
+        storage: StorageType,
+        max_age: float | None,
+        *,
+        age_checked: bool = True,
+        per_message_ttl: bool = True,
+        history: int = 1,
+    ) -> Shape:
         return Shape(
-            f"bucket {name}", f"KV_{name}", (f"$KV.{name}.>",), storage, ttl, per_message_ttl
+            f"bucket {name}",
+            f"KV_{name}",
+            (f"$KV.{name}.>",),
+            storage,
+            max_age,
+            age_checked,
+            per_message_ttl,
+            history,
         )
 
+    memory = StorageType.MEMORY
     return [
-        bucket(layout.members_bucket, StorageType.MEMORY, layout.member_ttl, False),
-        bucket(layout.claims_bucket, layout.claims_storage_type, None, True),
-        bucket(layout.jobs_bucket, layout.storage_type, None, True),
-        bucket(layout.runs_bucket, StorageType.MEMORY, layout.run_marker_ttl, False),
+        bucket(layout.members_bucket, memory, layout.member_ttl, per_message_ttl=False),
+        bucket(layout.claims_bucket, layout.claims_storage_type, None),
+        bucket(layout.jobs_bucket, layout.storage_type, None, history=5),
+        bucket(layout.runs_bucket, memory, layout.run_marker_ttl, per_message_ttl=False),
         # Run counts of max_runs jobs must outlive the trigger stream's max_age: no TTL.
-        bucket(layout.counts_bucket, layout.storage_type, None, True),
-        # The workers' records: the age limit bounds the bucket's size, it is no contract.
-        bucket(layout.processed_bucket, layout.storage_type, None, True),
+        bucket(layout.counts_bucket, layout.storage_type, None),
+        # The workers' records, kept as long as the stream keeps a trigger: the age limit
+        # bounds the bucket's size, it is no contract.
+        bucket(
+            layout.processed_bucket,
+            layout.storage_type,
+            layout.stream_max_age,
+            age_checked=False,
+        ),
+        # Its age limit and duplicate window are checked against the jobs' lateness.
         Shape(
             f"stream {layout.stream}",
             layout.stream,
             (f"{layout.subject_prefix}.>",),
             layout.storage_type,
-            None,
-            False,
+            layout.stream_max_age,
+            age_checked=False,
+            per_message_ttl=False,
         ),
     ]
 
@@ -137,7 +163,7 @@ async def _create(js: JetStreamContext, layout: Layout, shape: Shape) -> None:
                 subjects=list(shape.subjects),
                 retention=RetentionPolicy.LIMITS,
                 storage=shape.storage,
-                max_age=layout.stream_max_age,
+                max_age=shape.max_age,
                 duplicate_window=layout.duplicate_window,
                 num_replicas=layout.replicas,
                 discard=DiscardPolicy.OLD,
@@ -145,12 +171,13 @@ async def _create(js: JetStreamContext, layout: Layout, shape: Shape) -> None:
             )
         )
         return
-    name = shape.stream.removeprefix("KV_")
-    history = 5 if name == layout.jobs_bucket else 1
-    ttl = layout.stream_max_age if name == layout.processed_bucket else shape.ttl
     await js.create_key_value(
         config=KeyValueConfig(
-            bucket=name, history=history, ttl=ttl, storage=shape.storage, replicas=layout.replicas
+            bucket=shape.stream.removeprefix("KV_"),
+            history=shape.history,
+            ttl=shape.max_age,
+            storage=shape.storage,
+            replicas=layout.replicas,
         )
     )
 
@@ -182,10 +209,10 @@ def _tampered(shape: Shape, config: StreamConfig) -> list[str]:
         found.append(f"{where} transforms the subjects it stores; {fix}")
     if config.retention not in (None, RetentionPolicy.LIMITS):
         found.append(f"{where} uses {config.retention} retention; hrwcron needs limits ({fix})")
-    if shape.ttl and abs((config.max_age or 0) - shape.ttl) > 0.001:
+    if shape.age_checked and shape.max_age and abs((config.max_age or 0) - shape.max_age) > 1e-3:
         found.append(
             f"{where} has TTL {config.max_age or 0:g} s but hrwcron is configured for "
-            f"{shape.ttl:g} s: change the setting to match, or {fix}"
+            f"{shape.max_age:g} s: change the setting to match, or {fix}"
         )
     if shape.per_message_ttl and not config.allow_msg_ttl:
         found.append(
