@@ -105,7 +105,12 @@ class _Cron:
                     break
                 day += span
             return day
-        table, size = {1: (self.seconds, 60), 60: (self.minutes, 60)}.get(span, (self.hours, 24))
+        if span == 1:
+            table, size = self.seconds, 60
+        elif span == 60:
+            table, size = self.minutes, 60
+        else:
+            table, size = self.hours, 24
         gaps = _gap_table(table, size)
         coarse = span * size
         base = sec - sec % coarse
