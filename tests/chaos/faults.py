@@ -32,6 +32,8 @@ from harness import NatsCluster, TcpProxy, find_libfaketime, wait_for_async
 from harness.ackjournal import ACK_JOURNAL_ENV, Ack, read_journals
 from harness.ackjournal import script_path as ackjournal_script
 from harness.chaos import ReplicaFleet, now_ms, wait_until_ms
+from harness.timings import SHIPPED
+from harness.timings import Timings as ProtocolTimings
 
 T = TypeVar("T")
 
@@ -110,17 +112,24 @@ def reap_faketime(pids: Iterable[int]) -> None:
 
 @dataclass
 class Timings:
-    """The replicas' protocol timings, which fault durations are scaled by."""
+    """The replicas' timings, which fault durations are scaled by: the protocol's (shipped,
+    unless a scenario says otherwise) and the trigger stream's."""
 
-    member_ttl: float = 3.0
-    claim_lease: float = 2.0
+    protocol: ProtocolTimings = SHIPPED
     duplicate_window: float = 60.0
     max_lateness: float = 15.0
 
+    @property
+    def member_ttl(self) -> float:
+        return self.protocol.member_ttl
+
+    @property
+    def claim_lease(self) -> float:
+        return self.protocol.claim_lease
+
     def env(self) -> dict[str, str]:
         return {
-            "HRWCRON_SCHEDULER_MEMBER_TTL": f"{self.member_ttl:g}s",
-            "HRWCRON_SCHEDULER_CLAIM_LEASE": f"{self.claim_lease:g}s",
+            **self.protocol.env(),
             "HRWCRON_SCHEDULER_DUPLICATE_WINDOW": f"{self.duplicate_window:g}s",
         }
 
@@ -172,9 +181,12 @@ class World:
                 env=env,
                 module=None,
                 args=[ackjournal_script(), "run"],
+                timings=self.timings.protocol,
             )
         else:
-            self.fleet = ReplicaFleet(self.cluster.url, count, logs, env=env)
+            self.fleet = ReplicaFleet(
+                self.cluster.url, count, logs, env=env, timings=self.timings.protocol
+            )
         self.proxies: list[list[TcpProxy]] = []
         self.clock_files = [self.base_dir / f"{node}.faketime" for node in self.fleet.nodes]
         self.busy: dict[str, str] = {}  # target -> the kind of fault holding it

@@ -75,13 +75,14 @@ from .faults import (
 from .power import POWER_KINDS, make_power_fault
 
 BOUNDED_SEED = 7
-# The duplicate window cannot go below 60 s (a replica refuses a stream whose window is shorter
-# than the default job lateness), so the long pauses below outlast it by a real margin.
-BOUNDED = Timings(member_ttl=3.0, claim_lease=2.0, duplicate_window=60.0, max_lateness=15.0)
+# The chaos scenarios run at the shipped protocol timings, so the defaults are what survives
+# them. The duplicate window cannot go below 60 s (a replica refuses a stream whose window is
+# shorter than the default job lateness), so the long pauses below outlast it by a real margin.
+BOUNDED = Timings(duplicate_window=60.0, max_lateness=15.0)
 # Every NATS node losing power at once leaves no majority until all have booted and elected
 # leaders again (10-16 s on two shared cores, more under other faults): the lateness window
 # must outlast that, or the ticks due meanwhile are missed by design (fail closed).
-LONG = Timings(member_ttl=3.0, claim_lease=2.0, duplicate_window=60.0, max_lateness=30.0)
+LONG = Timings(duplicate_window=60.0, max_lateness=30.0)
 REPORTS = Path(__file__).resolve().parent / "reports"
 
 

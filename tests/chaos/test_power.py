@@ -26,7 +26,7 @@ from .test_chaos import chaos_world
 
 # Every node off at once leaves the cluster without a majority until all have booted and
 # elected leaders again (about 10 s here); ticks due meanwhile fire late, within this lateness.
-POWER = Timings(member_ttl=3.0, claim_lease=2.0, duplicate_window=60.0, max_lateness=30.0)
+POWER = Timings(duplicate_window=60.0, max_lateness=30.0)
 
 
 @pytest.mark.cluster

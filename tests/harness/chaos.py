@@ -42,6 +42,7 @@ from hrwcron.core.model import JobSpec
 from hrwcron.core.schedule import Schedule, jitter_ms
 
 from .procs import ReplicaProcess
+from .timings import QUICK, Timings
 from .wait import wait_for_async
 
 __all__ = [
@@ -412,7 +413,8 @@ class ReplicaFleet:
     """``count`` hrwcron replicas, node ids ``<prefix>0``.., as separate processes.
 
     Each replica gets ``HRWCRON_NATS_URL``, its ``HRWCRON_NODE_ID``, no HTTP listener, info
-    logging, the fleet's ``env`` and then any per-replica ``extra_env`` given to :meth:`start`
+    logging, the fleet's ``timings`` (:data:`harness.timings.QUICK` unless given), the fleet's
+    ``env`` (which may override them) and then any per-replica ``extra_env`` given to :meth:`start`
     (a failpoint, a faked clock, a proxy URL). Logs go to ``log_dir/<node>.log`` and survive
     restarts, so a failing test can print the whole history with :meth:`dump_logs`.
 
@@ -431,8 +433,10 @@ class ReplicaFleet:
         prefix: str = "r",
         args: Sequence[str] = ("run",),
         module: str | None = "hrwcron",
+        timings: Timings = QUICK,
     ) -> None:
         self.nats_url = nats_url
+        self.timings = timings
         # None runs ``python <args>``: a wrapper script such as the ack journal's.
         self.module = module
         self.log_dir = Path(log_dir)
@@ -449,6 +453,7 @@ class ReplicaFleet:
             "HRWCRON_HTTP_LISTEN": "",
             "HRWCRON_LOG_LEVEL": "info",
         }
+        env.update(self.timings.env())
         env.update(self.env)
         return env
 

@@ -15,6 +15,7 @@ import nats
 from nats.aio.client import Client
 
 from harness import wait_for_async
+from harness.timings import QUICK, Timings
 from hrwcron.adapters.jetstream.jobs import JetStreamJobs
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
 from hrwcron.adapters.jetstream.triggers import JetStreamTriggers
@@ -48,10 +49,12 @@ class Recorder(NullObserver):
         return sum(1 for j, o, _ in self.outcomes if j == job and o == outcome)
 
 
-def replica_config(url: str, node: str, **scheduler: Any) -> Config:
+def replica_config(url: str, node: str, *, timings: Timings = QUICK, **scheduler: Any) -> Config:
+    """A replica's configuration: ``timings`` (quick unless given), then ``scheduler``
+    settings, which may override them."""
     return Config(
         nats=NatsConfig(servers=[url]),
-        scheduler=SchedulerConfig(node_id=node, **scheduler),
+        scheduler=SchedulerConfig(node_id=node, **{**timings.settings(), **scheduler}),
         http=HttpConfig(listen=""),
     )
 

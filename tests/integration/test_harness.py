@@ -34,6 +34,8 @@ from harness import (
     wait_for,
     wait_for_async,
 )
+from harness.timings import QUICK, SHIPPED, Timings
+from hrwcron.core.config import SchedulerConfig, config_warnings, load_config
 
 RETRYABLE = (nats.errors.Error, TimeoutError)
 
@@ -438,3 +440,21 @@ def test_faketime_shifts_only_the_wall_clock(
 def test_free_ports_are_distinct() -> None:
     ports = free_ports(5)
     assert len(set(ports)) == 5 and all(p > 0 for p in ports)
+
+
+@pytest.mark.parametrize("timings", [QUICK, SHIPPED], ids=["quick", "shipped"])
+def test_the_harness_timings_are_a_configuration_a_replica_accepts_without_warning(
+    timings: Timings,
+) -> None:
+    """Replicas given the harness's timings start with exactly those, and none is fragile."""
+    config = load_config(None, {"HRWCRON_NATS_URL": "nats://127.0.0.1:1", **timings.env()})
+    assert {key: getattr(config.scheduler, key) for key in timings.settings()} == (
+        timings.settings()
+    )
+    assert config_warnings(config) == []
+
+
+def test_shipped_timings_are_the_defaults_a_user_gets() -> None:
+    shipped = SchedulerConfig()
+    assert SHIPPED.settings() == {key: getattr(shipped, key) for key in SHIPPED.settings()}
+    assert QUICK.member_ttl < SHIPPED.member_ttl and QUICK.failover_step < SHIPPED.failover_step

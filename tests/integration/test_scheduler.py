@@ -30,15 +30,13 @@ from harness.chaos import (
     summary,
     wait_until_ms,
 )
+from harness.timings import QUICK, SHIPPED, Timings
 from hrwcron.core import hrw
 from hrwcron.core.model import JobSpec
 from hrwcron.process.app import Stores, open_stores
 
 STREAM = "HRWCRON_TRIGGERS"
 NODES = ["r0", "r1", "r2"]
-FAILOVER_STEP_MS = 1000  # the default failover_step
-CLAIM_LEASE_MS = 2000  # the default claim_lease
-MEMBER_TTL_MS = 3000  # the default member_ttl
 # How long after its turn a replica may take to claim and publish on a busy 2-core machine:
 # the bound the failover invariant allows on top of the failover step.
 SLACK_MS = 500
@@ -78,9 +76,9 @@ Launch = Callable[..., Awaitable[Run]]
 
 @pytest.fixture
 async def launch(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Launch]:
-    """``await launch(url, jobs, env=..., extra={index: env})``: store the jobs, start the
-    replicas, return the :class:`Run`. Everything is torn down after the test; on failure the
-    replicas' logs are printed."""
+    """``await launch(url, jobs, env=..., extra={index: env}, timings=...)``: store the jobs,
+    start the replicas (at quick timings unless told), return the :class:`Run`. Everything is
+    torn down after the test; on failure the replicas' logs are printed."""
     runs: list[Run] = []
 
     async def start(
@@ -91,8 +89,10 @@ async def launch(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         extra: Mapping[int, Mapping[str, str]] | None = None,
         urls: Mapping[int, str] | None = None,
         count: int = 3,
+        timings: Timings = QUICK,
     ) -> Run:
-        fleet = ReplicaFleet(url, count, tmp_path / f"replicas{len(runs)}", env=env)
+        logs = tmp_path / f"replicas{len(runs)}"
+        fleet = ReplicaFleet(url, count, logs, env=env, timings=timings)
         stores = await open_stores(fleet.config())
         run = Run(fleet, stores, TriggerLog(stores.client), jobs, 0.0)
         runs.append(run)
@@ -139,7 +139,8 @@ async def _fifty_jobs_for_twenty_seconds(run: Run) -> None:
 
 
 async def test_three_replicas_fire_each_tick_once(nats_server: NatsServer, launch: Launch) -> None:
-    run = await launch(nats_server.url, every_second(50))
+    # At the shipped timings, as users run it; the cluster variant below runs quick.
+    run = await launch(nats_server.url, every_second(50), timings=SHIPPED)
     await _fifty_jobs_for_twenty_seconds(run)
 
 
@@ -159,8 +160,10 @@ async def test_three_replicas_fire_each_tick_once_on_a_cluster(
 async def test_killed_replica_is_replaced_within_a_failover_step(
     nats_server: NatsServer, launch: Launch
 ) -> None:
+    """At the shipped timings: the failover bound users rely on is the default step's."""
+    step, lease, ttl = SHIPPED.failover_step_ms, SHIPPED.claim_lease_ms, SHIPPED.member_ttl_ms
     jobs = every_second(24)
-    run = await launch(nats_server.url, jobs)
+    run = await launch(nats_server.url, jobs, timings=SHIPPED)
     await run.settle(next_second(now_ms()))
     victim = 1
     orphans = [j.name for j in jobs if owner(j.name) == NODES[victim]]
@@ -179,15 +182,15 @@ async def test_killed_replica_is_replaced_within_a_failover_step(
         t
         for t in after
         # A tick whose claim died with the victim is taken over once the lease has run out.
-        if t.lateness_ms > FAILOVER_STEP_MS + SLACK_MS + (CLAIM_LEASE_MS if t.attempt > 1 else 0)
+        if t.lateness_ms > step + SLACK_MS + (lease if t.attempt > 1 else 0)
     ]
     assert too_late == [], [(t.msg_id, t.node, t.attempt, round(t.lateness_ms)) for t in too_late]
     # Before the victim's heartbeat expired, its jobs went to the next candidate after one step.
     failed_over = [
         t
         for t in after
-        if t.job in orphans and t.due_ms < killed + MEMBER_TTL_MS - 500
-        if t.lateness_ms >= FAILOVER_STEP_MS - 50
+        if t.job in orphans and t.due_ms < killed + ttl - 500
+        if t.lateness_ms >= step - 50
     ]
     assert failed_over, "no tick of the victim's jobs went through the failover path"
 
@@ -232,7 +235,7 @@ async def test_replica_frozen_after_claiming_does_not_duplicate_when_it_wakes(
     frozen_due = taken[0].due_ms
     assert "took over the claim of r0" in run.fleet.output(1) + run.fleet.output(2)
     await wait_until_ms(
-        max(stopped + MEMBER_TTL_MS + CLAIM_LEASE_MS, taken[0].stored_ms + 2000) + 1000,
+        max(stopped + QUICK.member_ttl_ms + QUICK.claim_lease_ms, taken[0].stored_ms + 2000) + 1000,
         what="a pause longer than the TTL, the lease and the duplicate window",
     )
     assert run.fleet.stopped_by_signal(0)
@@ -330,7 +333,8 @@ async def test_replica_cut_off_from_nats_stops_claiming(
         )
         proxy.set_mode(fault)
         cut = now_ms()
-        await run.settle(next_second(cut, 6))
+        # Long enough for r2's membership to expire twice over while it is cut off.
+        await run.settle(next_second(cut, 2) + 2 * QUICK.member_ttl_ms)
         proxy.passthrough()
         healed = now_ms()
         # Nothing of r2's for ticks due while it was cut off, not even a stalled write landing
