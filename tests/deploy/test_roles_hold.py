@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 import nats
+import nats.aio.msg
 import pytest
 from nats.errors import Error as NatsError
 from nats.js.api import RePublish, StreamConfig
@@ -24,6 +25,7 @@ from harness import wait_for_async
 from hrwcron.core.config import parse_config
 from hrwcron.core.model import Heartbeat
 from hrwcron.core.ticks import TickId
+from hrwcron.engine.marks import Mark
 from hrwcron.process.app import Replica, start_replica
 
 from .natsconf import WORKER_API_PREFIX, Session, ShippedCluster
@@ -221,3 +223,24 @@ async def test_an_anonymous_worker_account_connection_sees_no_jetstream(
             await nc.jetstream().account_info()
     finally:
         await nc.close()
+
+
+async def test_only_replicas_may_say_how_far_an_owner_has_got(
+    replica: Replica, sessions: dict[str, Session]
+) -> None:
+    """A forged progress mark could make followers stand by while an owner is gone; the
+    replicas announce theirs on the scheduler's account, where no worker or admin reaches."""
+    subject = replica.config.scheduler.marks_subject
+    heard: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def deliver(msg: nats.aio.msg.Msg) -> None:
+        heard.put_nowait(msg.data)
+
+    subscription = await replica.stores.client.subscribe(subject, cb=deliver)
+    try:
+        mark = msgspec.json.decode(await asyncio.wait_for(heard.get(), 10), type=Mark)
+        assert mark.node == NODE  # the replica's own marks go out here
+        for role in ("worker", "admin"):
+            await sessions[role].denied(subject)
+    finally:
+        await subscription.unsubscribe()

@@ -21,7 +21,13 @@ import pytest
 from harness import wait_for_async
 from harness.chaos import Trigger, describe, find_violations, parse_trigger
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
-from hrwcron.adapters.memory import MemoryClaims, MemoryJobs, MemoryMembers, MemoryTriggers
+from hrwcron.adapters.memory import (
+    MemoryClaims,
+    MemoryJobs,
+    MemoryMarks,
+    MemoryMembers,
+    MemoryTriggers,
+)
 from hrwcron.core import hrw
 from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
 from hrwcron.core.schedule import field_hash
@@ -211,6 +217,7 @@ class Cluster:
         self.claims = MemoryClaims()
         self.triggers = MemoryTriggers(duplicate_window)
         self.jobs = MemoryJobs()
+        self.marks = MemoryMarks()
         self.replicas: dict[str, Replica] = {}
 
     async def start(self, node: str, jobs: Any = None, **settings: Any) -> Replica:
@@ -225,6 +232,7 @@ class Cluster:
             claims=claims,
             triggers=triggers,
             jobs=self.jobs if jobs is None else jobs,
+            marks=self.marks,
             observer=recorder,
         )
         await scheduler.start()

@@ -16,6 +16,7 @@ from hrwcron.adapters.memory_triggers import MemoryTriggers, StoredTrigger, answ
 from hrwcron.core.errors import ConflictError, DuplicateNodeError, SubjectTakenError
 from hrwcron.core.model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec
 from hrwcron.core.runcount import RunCount
+from hrwcron.engine.marks import Mark
 from hrwcron.engine.ports import (
     ClaimWrite,
     JobEvent,
@@ -26,6 +27,7 @@ __all__ = [
     "MemoryClaims",
     "MemoryCounts",
     "MemoryJobs",
+    "MemoryMarks",
     "MemoryMembers",
     "MemoryRuns",
     "MemoryTriggers",
@@ -247,6 +249,26 @@ class MemoryJobs:
         yield None
         async for key, value, revision in changes:
             yield JobEvent(key, value, revision, written_ms=time.time() * 1000)
+
+
+class MemoryMarks:
+    """Marks fanned out to every follower, as core NATS delivers them: in order, unstored."""
+
+    def __init__(self) -> None:
+        self._followers: list[asyncio.Queue[Mark]] = []
+
+    async def announce(self, mark: Mark) -> None:
+        for queue in self._followers:
+            queue.put_nowait(mark)
+
+    async def follow(self) -> AsyncIterator[Mark]:
+        queue: asyncio.Queue[Mark] = asyncio.Queue()
+        self._followers.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._followers.remove(queue)
 
 
 class MemoryRuns:

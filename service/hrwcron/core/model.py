@@ -15,6 +15,8 @@ from hrwcron.core.plan import Allowance, TickPlan
 
 SCHEMA_VERSION = 1
 DEFAULT_SUBJECT_PREFIX = "hrwcron.trigger"
+# Replicas' progress marks go to <this>.<members bucket> (core NATS, scheduler role only).
+MARKS_SUBJECT_PREFIX = "hrwcron.progress"
 DEFAULT_MAX_PAYLOAD = 64 * 1024
 HRW_SCHEME = "xxh3-64"
 

@@ -9,6 +9,8 @@ the timer, the trigger ledger, the job table, membership and the dispatcher's ou
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -21,6 +23,7 @@ from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.flight import Flight
 from hrwcron.engine.jobs import HeldClaim, Job, JobTable
 from hrwcron.engine.ledger import TriggerLedger
+from hrwcron.engine.marks import BUSY, DONE, Mark, MarksHeard
 from hrwcron.engine.membership import Membership
 from hrwcron.engine.ports import JobsPort, LastTrigger, Observer
 from hrwcron.engine.recent import RecentCounts
@@ -71,6 +74,16 @@ class TickDecisions:
         self._awaiting_turn: set[str] = set()  # due ticks waiting for a later failover turn
         self._awaiting_holder: set[str] = set()  # due ticks whose claim another replica holds
         self._step_ms = int(settings.failover_step * 1000)
+        # Owner side of the progress marks: the fire instant of every due tick this replica
+        # owns (or could not decide, not being ready) that is not resolved yet, and how many
+        # ticks it has resolved so far.
+        self.owed: dict[str, int] = {}
+        self.resolved = 0
+        # Follower side: ticks whose live owner has not reached them yet, per owner, as a heap
+        # of (fire ms, sequence, job name, the job's entry generation when parked).
+        self.marks: MarksHeard | None = None
+        self.parked: dict[str, list[tuple[int, int, str, int]]] = {}
+        self._park_seq = itertools.count()
         # Ticks that passed their lateness window unpublished (whoever owned them).
         self.missed_recently = RecentCounts()
         self.jobs: dict[str, Job] = {}
@@ -90,6 +103,11 @@ class TickDecisions:
         self._holder_wait: Callable[[HeldClaim], float | None] = membership.holder_wait
         self.holder_live: Callable[[str, str], bool] = membership.holder_live
 
+    def use_marks(self, marks: MarksHeard) -> None:
+        """Followers consult the owners' progress marks (without them, they act at their turn
+        as if every owner might be gone)."""
+        self.marks = marks
+
     def membership_changed(self, readiness: bool, candidates: bool) -> None:
         if readiness:
             self._timer.wakeup.set()
@@ -105,10 +123,12 @@ class TickDecisions:
                 self._push(waiting, 0)
         self._awaiting_turn.clear()
         self._awaiting_holder.clear()
+        self.release_parked(everyone=True)
 
     # ----------------------------------------------- what a change elsewhere means for ticks
 
     def prepare(self, job: Job) -> None:
+        self.owed.pop(job.spec.name, None)
         self._collapse(job)
 
     def loaded(self, job: Job) -> None:
@@ -124,6 +144,7 @@ class TickDecisions:
         self._counter.forget(name)
 
     def removed(self, job: Job) -> None:
+        self.owed.pop(job.spec.name, None)
         self.owned_dirty.set()
 
     def newer_trigger(self, subject: str, seen: LastTrigger) -> None:
@@ -173,11 +194,15 @@ class TickDecisions:
             self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
             return
         rank = job.my_rank
+        fire = due + job.jitter_ms
+        if (rank == 0 or not ready) and now >= fire:
+            self.owed[job.spec.name] = fire  # holds this replica's mark back until resolved
+        elif self.owed:
+            self.owed.pop(job.spec.name, None)
         if not ready or rank < 0:
             # Fail closed: look again when the tick might be done, or our readiness returns.
             self._push(job, min(now + 250, due + job.spec.max_lateness_ms + 1))
             return
-        fire = due + job.jitter_ms
         wake = next_wake(now, fire, rank, self._step_ms)
         if wake is not None:
             if now >= fire:
@@ -185,6 +210,15 @@ class TickDecisions:
             self._push(job, wake)
             return
         self._awaiting_turn.discard(job.spec.name)
+        marks = self.marks
+        if rank > 0 and marks is not None:
+            verdict = marks.verdict(job.first, fire, job.revision)
+            if verdict == DONE:
+                self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
+                return
+            if verdict == BUSY:
+                self._park(job, fire)
+                return
         held = job.claim_seen
         if held is not None:
             # Another instance holds this tick's claim: wait for the trigger in the feed or for
@@ -239,6 +273,8 @@ class TickDecisions:
             )
         if outcome in ("missed", "fenced"):
             log.warning("tick %s: %s", TickId(job.spec.name, due).key, outcome)
+        if self.owed and self.owed.pop(job.spec.name, None) is not None:
+            self.resolved += 1
         job.acted = False
         job.claim_seen = None
         self._awaiting_turn.discard(job.spec.name)
@@ -270,11 +306,66 @@ class TickDecisions:
                         job.spec.name, outcome, due_ms=job.due, rank=0, attempt=0, lateness_ms=None
                     )
 
+    # ------------------------------------------------------------------ progress marks
+
+    def resolved_ms(self, now: float) -> int:
+        """This replica's mark: every tick it owns with a fire instant at or before this is
+        resolved. Held back by the owed ticks and by anything the timer has yet to look at."""
+        mark = now
+        heap = self._timer.heap
+        if heap:
+            mark = min(mark, heap[0][0] - 1)
+        if self.owed:
+            mark = min(mark, min(self.owed.values()) - 1)
+        return int(mark)
+
+    def _park(self, job: Job, fire: int) -> None:
+        """Wait for the live owner's marks instead of a timer: no work on the tick until the
+        owner passes it or falls silent."""
+        owner = job.first
+        assert owner is not None
+        job.entry += 1  # no heap entry stands for the job while it is parked
+        parked = self.parked.setdefault(owner, [])
+        heapq.heappush(parked, (fire, next(self._park_seq), job.spec.name, job.entry))
+
+    def heard(self, mark: Mark) -> None:
+        """Another replica's mark: the ticks parked on it that it passed are resolved."""
+        marks = self.marks
+        assert marks is not None
+        marks.hear(mark)
+        parked = self.parked.get(mark.node)
+        while parked and parked[0][0] <= mark.resolved_ms:
+            fire, _, name, entry = heapq.heappop(parked)
+            job = self.jobs.get(name)
+            if job is None or job.entry != entry or job.busy or job.due is None:
+                continue  # resolved, changed or removed meanwhile
+            if marks.verdict(mark.node, fire, job.revision) == DONE:
+                self._finish(job, "already_claimed" if job.acted else "not_owner", job.due, -1, 0)
+            else:
+                self._push(job, 0)
+        if not parked:
+            self.parked.pop(mark.node, None)
+
+    def release_parked(self, *, everyone: bool = False) -> None:
+        """Parked ticks of owners that fell silent, left or stopped advancing (or of every
+        owner, when the membership changed) are decided again now."""
+        marks = self.marks
+        if marks is None or not self.parked:
+            return
+        for owner in list(self.parked):
+            if not everyone and not marks.silent(owner):
+                continue
+            for _, _, name, entry in self.parked.pop(owner):
+                job = self.jobs.get(name)
+                if job is not None and job.entry == entry and not job.busy:
+                    self._push(job, 0)
+
     # ------------------------------------------------------------- jobs that run out of ticks
 
     def _ran_out(self, job: Job) -> None:
         """The job has no tick left: its window ended, its one-time instant passed or its runs
         are used up. It stays (status shows it done or ended) unless ``delete_after`` is set."""
+        self.owed.pop(job.spec.name, None)
         job.due = None
         job.acted = False
         job.claim_seen = None

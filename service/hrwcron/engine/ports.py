@@ -10,6 +10,7 @@ from typing import Protocol
 
 from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
 from hrwcron.core.runcount import RunCount
+from hrwcron.engine.marks import Mark
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 HEADER_JOB = "Hrwcron-Job"
@@ -182,6 +183,14 @@ class JobsPort(JobsEditor, Protocol):
     async def last_revision(self) -> int:
         """The newest revision written to the bucket, deletions included (0 when empty)."""
         ...
+
+
+class MarksPort(Protocol):
+    """Progress marks between replicas: announced often, never stored (see marks.py)."""
+
+    async def announce(self, mark: Mark) -> None: ...
+    def follow(self) -> AsyncIterator[Mark]:
+        """Every mark announced from now on, this replica's own included."""
 
 
 class RunsPort(Protocol):

@@ -36,11 +36,13 @@ from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import Flight
 from hrwcron.engine.jobs import JobTable
 from hrwcron.engine.ledger import TriggerLedger
+from hrwcron.engine.marks import MARKS_PER_STEP, Mark, MarksHeard
 from hrwcron.engine.membership import Membership
 from hrwcron.engine.ports import (
     ClaimsPort,
     CountsPort,
     JobsPort,
+    MarksPort,
     MembersPort,
     Observer,
     RunsPort,
@@ -78,6 +80,7 @@ class Scheduler:
         observer: Observer,
         runs: RunsPort | None = None,
         counts: CountsPort | None = None,
+        marks: MarksPort | None = None,
         clock: Clock | None = None,
         failpoints: Failpoints | None = None,
     ) -> None:
@@ -156,6 +159,16 @@ class Scheduler:
         ticks.attach(self._table, self._ledger, self._membership, self._timer)
         self.runs_done = ticks.runs_done
         self.holder_live = self._membership.holder_live
+        self._marks = marks
+        if marks is not None:
+            ticks.use_marks(
+                MarksHeard(
+                    step=settings.failover_step,
+                    lease=settings.claim_lease,
+                    monotonic=self.clock.monotonic,
+                    live=self.holder_live,
+                )
+            )
 
     # ------------------------------------------------------------ what the parts ask for
 
@@ -258,6 +271,9 @@ class Scheduler:
         self._spawn(self._table.guard(), "jobs-watch-guard")
         self._spawn(self._timer.run(), "timer")
         self._spawn(self._owned_loop(), "owned-count")
+        if self._marks is not None:
+            self._spawn(self._hear_marks(self._marks), "marks-follow")
+            self._spawn(self._announce_marks(self._marks), "marks-announce")
         membership.refresh()
 
     async def stop(self, timeout: float | None = None) -> None:
@@ -282,6 +298,38 @@ class Scheduler:
         await _cancel_all([*self._tasks, *batches], left(0.5))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._membership.leave(), timeout=left(0.5))
+
+    async def _announce_marks(self, marks: MarksPort) -> None:
+        """Every quarter step: look again at ticks parked on owners that fell silent, and say
+        how far this replica has got with its own (only while it may claim)."""
+        ticks = self._ticks
+        interval = self.settings.failover_step / MARKS_PER_STEP
+        while True:
+            await asyncio.sleep(interval)
+            ticks.release_parked()
+            if not self.ready or ticks.stopping:
+                continue
+            mark = Mark(
+                node=self.node,
+                instance=self.instance,
+                resolved_ms=ticks.resolved_ms(self.clock.now_ms()),
+                resolved=ticks.resolved,
+                jobs_revision=self._table.revision,
+            )
+            try:
+                await marks.announce(mark)
+            except Exception as exc:  # the heartbeat says more; followers then act themselves
+                log.debug("announcing a progress mark failed: %s", exc)
+
+    async def _hear_marks(self, marks: MarksPort) -> None:
+        while not self._ticks.stopping:
+            try:
+                async for mark in marks.follow():
+                    if mark.node != self.node:
+                        self._ticks.heard(mark)
+            except Exception as exc:
+                log.warning("progress marks stopped (%s); following them again", exc)
+            await asyncio.sleep(self.settings.heartbeat_interval)
 
     async def _owned_loop(self) -> None:
         """Counts owned jobs after membership or job changes, in slices, so even 100,000 jobs

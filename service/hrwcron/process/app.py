@@ -21,6 +21,7 @@ from hrwcron.adapters.jetstream.claims import JetStreamClaims, JetStreamRuns
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
 from hrwcron.adapters.jetstream.counts import JetStreamCounts
 from hrwcron.adapters.jetstream.jobs import JetStreamJobs
+from hrwcron.adapters.jetstream.marks import NatsMarks
 from hrwcron.adapters.jetstream.members import JetStreamMembers
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
 from hrwcron.adapters.jetstream.provision import Layout, provision
@@ -103,6 +104,7 @@ class Stores:
     runs: JetStreamRuns
     triggers: JetStreamTriggers
     counts: JetStreamCounts
+    marks: NatsMarks
 
 
 async def open_stores(config: Config, *, provision_missing: bool = True) -> Stores:
@@ -136,6 +138,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
             ),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
             triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix, pipeline),
+            marks=NatsMarks(client, config.scheduler.marks_subject),
             counts=JetStreamCounts(
                 js, await js.key_value(shape.counts_bucket), shape.counts_bucket
             ),
@@ -221,6 +224,7 @@ async def start_replica(
             jobs=stores.jobs,
             runs=stores.runs,
             counts=stores.counts,
+            marks=stores.marks,
             observer=observer or telemetry or NullObserver(),
             clock=clock,
             failpoints=Failpoints(env),

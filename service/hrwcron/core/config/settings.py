@@ -14,7 +14,12 @@ from typing import Any, Literal
 import msgspec
 
 from hrwcron.core.errors import ConfigError, Problem
-from hrwcron.core.model import DEFAULT_MAX_PAYLOAD, DEFAULT_SUBJECT_PREFIX, JobSpec
+from hrwcron.core.model import (
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_SUBJECT_PREFIX,
+    MARKS_SUBJECT_PREFIX,
+    JobSpec,
+)
 
 MASK = "***"
 ENV_PREFIX = "HRWCRON_"
@@ -158,6 +163,12 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     @property
     def stream_subjects(self) -> str:
         return f"{self.subject_prefix}.>"
+
+    @property
+    def marks_subject(self) -> str:
+        """Where replicas announce their progress marks: core NATS, never stored; one subject
+        per deployment (its members bucket), so two deployments on one account stay apart."""
+        return f"{MARKS_SUBJECT_PREFIX}.{self.members_bucket}"
 
 
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

@@ -1,0 +1,192 @@
+"""Progress marks: a follower reads its owner's marks instead of acting on a live owner's ticks.
+
+What a mark says of a tick is a pure table (:class:`MarksHeard`); the engine tests run three
+replicas on the in-memory stores and virtual time, with an owner that is slow but live, and
+one that then falls silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import pytest
+
+from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
+from hrwcron.adapters.memory import MemoryTriggers
+from hrwcron.core import hrw
+from hrwcron.engine.marks import BUSY, DONE, UNKNOWN, Mark, MarksHeard
+from hrwcron.engine.ports import Published
+
+from .test_engine import FAST, Cluster, every_second, now_ms, second_after
+
+STEP = 1.0
+LEASE = 2.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.mono = 100.0
+
+    def __call__(self) -> float:
+        return self.mono
+
+
+def mark(resolved_ms: int = 10_000, resolved: int = 5, revision: int = 7, instance: str = "i1"):
+    return Mark(
+        node="a",
+        instance=instance,
+        resolved_ms=resolved_ms,
+        resolved=resolved,
+        jobs_revision=revision,
+    )
+
+
+def heard(live_instance: str = "i1") -> tuple[MarksHeard, Clock]:
+    clock = Clock()
+    marks = MarksHeard(
+        step=STEP,
+        lease=LEASE,
+        monotonic=clock,
+        live=lambda node, instance: node == "a" and instance == live_instance,
+    )
+    return marks, clock
+
+
+@pytest.mark.parametrize(
+    ("fire_ms", "revision", "age_s", "live_instance", "expected"),
+    [
+        (10_000, 7, 0.1, "i1", DONE),  # the mark reached the fire instant
+        (9_000, 3, 0.1, "i1", DONE),  # an older version of the job is known to the owner too
+        (10_001, 7, 0.1, "i1", BUSY),  # not yet reached, but the owner is live and advancing
+        (10_000, 8, 0.1, "i1", UNKNOWN),  # the owner may not have this version of the job
+        (10_000, 7, 0.6, "i1", UNKNOWN),  # older than half a step: the owner fell silent
+        (10_000, 7, 0.1, "i2", UNKNOWN),  # another instance of the node is the member now
+    ],
+)
+def test_what_a_mark_says_of_a_tick(
+    fire_ms: int, revision: int, age_s: float, live_instance: str, expected: int
+) -> None:
+    marks, clock = heard(live_instance)
+    marks.hear(mark())
+    clock.mono += age_s
+    assert marks.verdict("a", fire_ms, revision) == expected
+
+
+def test_an_owner_that_stops_advancing_for_a_lease_is_no_longer_waited_for() -> None:
+    marks, clock = heard()
+    assert marks.hear(mark())
+    for _ in range(int(LEASE / 0.25)):  # fresh marks, but the same mark, for a whole lease
+        clock.mono += 0.25
+        assert not marks.hear(mark())
+        assert marks.verdict("a", 10_001, 7) == BUSY
+    clock.mono += 0.25
+    marks.hear(mark())
+    assert marks.verdict("a", 10_001, 7) == UNKNOWN
+    assert marks.silent("a")
+    # Resolving more ticks, or reaching a later instant, is advancing again.
+    assert marks.hear(mark(resolved=6))
+    assert marks.verdict("a", 10_001, 7) == BUSY and not marks.silent("a")
+
+
+def test_no_mark_and_no_owner_are_unknown() -> None:
+    marks, _ = heard()
+    assert marks.verdict("a", 1, 0) == UNKNOWN
+    assert marks.verdict(None, 1, 0) == UNKNOWN
+    assert marks.silent("a")
+
+
+class SlowTriggers:
+    """The owner's trigger stream as a slow store: one publish at a time, ``delay`` each."""
+
+    def __init__(self, inner: MemoryTriggers, delay: float) -> None:
+        self.inner = inner
+        self.delay = delay
+        self.lock = asyncio.Lock()
+
+    async def publish(
+        self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
+    ) -> Published:
+        async with self.lock:
+            await asyncio.sleep(self.delay)
+            return await self.inner.publish(subject, body, headers, expected_last_seq)
+
+    async def publish_many(
+        self, writes: Sequence[tuple[str, bytes, dict[str, str], int]]
+    ) -> list[asyncio.Future[Published]]:
+        return [asyncio.ensure_future(self.publish(*write)) for write in writes]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+NODES = ["a", "b", "c"]
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    stores = Cluster()
+    try:
+        yield stores
+    finally:
+        await stores.stop_all()
+
+
+def owned_by(node: str, count: int) -> list[str]:
+    names = (f"herd{i:03d}" for i in range(10_000))
+    return [n for n in names if hrw.rank(n, NODES)[0] == node][:count]
+
+
+async def test_a_live_owner_that_falls_behind_is_waited_for_not_piled_on(
+    cluster: Cluster,
+) -> None:
+    """Every second the owner has 20 ticks due and publishes them one by one, the last well
+    after its followers' turns. Its marks advance, so they wait: none reads a claim, none
+    claims, every tick is the owner's own, once and in due order."""
+    jobs = [every_second(name) for name in owned_by("a", 20)]
+    start = await cluster.put(*jobs)
+    replicas = {r.scheduler.node: r for r in await cluster.start_all(NODES)}
+    owner = replicas["a"]
+    owner.triggers.inner = SlowTriggers(cluster.triggers, delay=0.048)  # type: ignore[assignment]
+    slowed = now_ms()
+    end = second_after(slowed, 4)
+    await cluster.run_until(jobs, end, timeout=30)
+    assert cluster.violations(jobs, (start, end)) == ""
+    after = [t for t in cluster.triggers_log() if t.due_ms > slowed + 1000]
+    # The owner really was behind its followers' turns...
+    assert max(t.lateness_ms for t in after) > FAST.failover_step * 1000 + FAST.claim_lease * 1000
+    # ...and nobody piled on: every tick is the owner's first attempt, no claim was read.
+    assert {(t.node, t.attempt) for t in after} == {("a", 1)}
+    for node in ("b", "c"):
+        reads = sum(replicas[node].claims.reads.values())
+        busy = [o for o in replicas[node].recorder.outcomes if o.outcome == "lock_busy"]
+        assert (reads, busy) == (0, []), node
+
+
+async def test_ticks_waiting_on_an_owner_that_falls_silent_are_fired_by_the_next(
+    cluster: Cluster,
+) -> None:
+    """The owner is behind, its followers wait on its marks; then it loses NATS (no heartbeat,
+    so not ready, so no marks). The waiting ticks and the later ones are fired by the next
+    candidates, each exactly once."""
+    jobs = [every_second(name) for name in owned_by("a", 20)]
+    start = await cluster.put(*jobs)
+    replicas = {r.scheduler.node: r for r in await cluster.start_all(NODES)}
+    owner = replicas["a"]
+    owner.triggers.inner = SlowTriggers(cluster.triggers, delay=0.06)  # type: ignore[assignment]
+
+    def parked() -> bool:
+        return any(r.scheduler._ticks.parked for n, r in replicas.items() if n != "a")
+
+    await cluster.run_until(jobs, second_after(now_ms(), 1), timeout=30)
+    deadline = asyncio.get_running_loop().time() + 10
+    while not parked():
+        assert asyncio.get_running_loop().time() < deadline, "no follower waited on the owner"
+        await asyncio.sleep(0.05)
+    owner.members.cut = True
+    cut = now_ms()
+    end = second_after(cut, 4)
+    await cluster.run_until(jobs, end, timeout=30)
+    assert cluster.violations(jobs, (start, end)) == ""
+    taken = [t for t in cluster.triggers_log() if t.due_ms > cut + 2000]
+    assert taken and {t.node for t in taken} <= {"b", "c"}
