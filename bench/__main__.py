@@ -23,6 +23,7 @@ from . import (
     burst,
     durability,
     failover,
+    herds,
     hrw_quality,
     operator,
     precision,
@@ -35,6 +36,7 @@ from .common import ROOT, Deployment, machine, nats_server_version
 SECTIONS = (
     "precision",
     "burst",
+    "herds",
     "failover",
     "scale",
     "hrw",
@@ -52,6 +54,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "precision_seconds": 10,
         "burst_jobs": 2_000,
         "burst_jitter": 10.0,
+        "herds_jobs": 5_000,
+        "herds_count": 3,
+        "herds_settle": 25.0,
         "failover_jobs": 100,
         "failover_kills": 4,
         "scale_jobs": 10_000,
@@ -66,6 +71,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "precision_seconds": 60,
         "burst_jobs": 10_000,
         "burst_jitter": 60.0,
+        "herds_jobs": 10_000,
+        "herds_count": 5,
+        "herds_settle": 45.0,
         "failover_jobs": 300,
         "failover_kills": 20,
         "scale_jobs": 100_000,
@@ -124,6 +132,15 @@ async def run_sections(results: report.Results, chosen: list[str], seed: int) ->
             results.burst = await burst.run(dep, size["burst_jobs"], size["burst_jitter"], log)
 
         await step("burst", lambda: _with("single", do_burst))
+
+    if "herds" in chosen:
+
+        async def do_herds(dep: Deployment) -> None:
+            results.herds = await herds.run(
+                dep, size["herds_jobs"], size["herds_count"], size["herds_settle"], log
+            )
+
+        await step("herds", lambda: _with("single", do_herds))
 
     if "failover" in chosen:
 

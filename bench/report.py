@@ -10,6 +10,9 @@ from .burst import BurstResult
 from .common import Summary, fmt, percentile, ratio
 from .durability import DurabilityResult
 from .failover import FailoverResult
+from .herds import HerdsResult
+from .herds import goal_rows as herd_goal_rows
+from .herds import section as herd_section
 from .operator import OperatorResult, goal_rows, section
 from .precision import Run
 from .scale import ScaleResult
@@ -43,6 +46,7 @@ class Results:
     hrw: str = ""
     operator: OperatorResult | None = None
     searches: SearchesResult | None = None
+    herds: HerdsResult | None = None
     errors: list[str] = field(default_factory=list)
     durability: DurabilityResult | None = None
 
@@ -429,6 +433,7 @@ def _goal_rows(r: Results) -> list[tuple[str, str, str]]:
         ]
     rows += goal_rows(r.operator)
     rows += search_goal_rows(r.searches)
+    rows += herd_goal_rows(r.herds)
     return rows
 
 
@@ -494,6 +499,7 @@ def results_md(r: Results) -> str:
     lines += durability_section(r.durability)
     lines += section(r.operator, 7)
     lines += search_section(r.searches, 8)
+    lines += herd_section(r.herds, 9)
     if r.errors:
         lines += ["## Sections that failed", "", *[f"- {e}" for e in r.errors], ""]
     return "\n".join(lines).rstrip() + "\n"

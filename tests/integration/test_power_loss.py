@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from harness import wait_for_async
@@ -112,7 +113,16 @@ async def _publish_and_cut(tmp_path: Path, sync: str) -> tuple[list[Ack], list[t
         await js.add_stream(name="T", subjects=["t.>"], num_replicas=3)
         acks = []
         for i in range(300):
-            ack = await js.publish("t.x", b"m", headers={"Nats-Msg-Id": f"t:{i}"})
+            # A stream just created may not have elected its leader yet, and a connection may
+            # move to another node meanwhile: the same Msg-Id again is safe, and what counts
+            # is the ack finally given.
+            ack = await wait_for_async(
+                lambda i=i: js.publish("t.x", b"m", headers={"Nats-Msg-Id": f"t:{i}"}),
+                timeout=30,
+                interval=0.2,
+                message=f"publish t:{i} acknowledged",
+                ignore=(NatsError, TimeoutError),
+            )
             acks.append(Ack(f"t:{i}", ack.stream, ack.seq, ack.duplicate, "test", 0.0))
         await client.close()
         cuts = await asyncio.to_thread(cluster.power_cut, [0, 1, 2])
