@@ -502,6 +502,22 @@ async def test_follow_gives_last_per_subject_then_none_then_live(backend: Backen
         await feed.close()
 
 
+async def test_last_many_reads_the_newest_trigger_of_each_subject_in_one_round(
+    backend: Backend,
+) -> None:
+    a, b, c, never = (f"{backend.prefix}.{n}" for n in ("a", "b", "c", "never"))
+    assert await backend.triggers.last_many([a, never]) == {}  # nothing published yet
+    a1 = await backend.triggers.publish(a, b"{}", headers("a:1000", 1000), 0)
+    a2 = await backend.triggers.publish(a, b"{}", headers("a:2000", 2000), a1.seq)
+    b1 = await backend.triggers.publish(b, b"{}", headers("b:1000", 1000), 0)
+    await backend.triggers.publish(c, b"{}", headers("c:1000", 1000), 0)  # not asked for
+    found = await backend.triggers.last_many([a, b, never, a])
+    assert found == {
+        a: LastTrigger(a2.seq, "a:2000", 2000),
+        b: LastTrigger(b1.seq, "b:1000", 1000),
+    }
+
+
 async def test_follow_on_an_empty_stream_is_loaded_at_once(backend: Backend) -> None:
     feed = Stream(backend.triggers.follow())
     try:

@@ -196,6 +196,9 @@ class GatedTriggers:
     async def last(self, subject: str) -> LastTrigger | None:
         return await self.inner.last(subject)
 
+    async def last_many(self, subjects: Sequence[str]) -> dict[str, LastTrigger]:
+        return await self.inner.last_many(subjects)
+
     def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]:
         return self.inner.follow()
 

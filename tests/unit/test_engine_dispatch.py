@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryClaims, MemoryTriggers
-from hrwcron.core.model import JobSpec
+from hrwcron.core.model import ClaimRecord, JobSpec
 from hrwcron.core.ticks import TickId
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.counting import RunCounter
@@ -28,6 +28,7 @@ from hrwcron.engine.settings import Settings
 @dataclass
 class Host:
     stopping: bool = False
+    quiet: bool = False  # no trigger feed: a held claim is checked against the subject
     acted_on: list[Flight] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -114,6 +115,28 @@ async def test_a_tick_claimed_by_a_live_replica_is_left_to_it_and_a_published_on
     third = Flight(job(), 0, due, 1)
     await b.run([third])
     assert third.outcome == "not_owner"  # in the stream already: no claim is even tried
+    assert len(triggers.messages) == 1
+
+
+async def test_a_quiet_replica_asks_the_subject_whether_a_live_holder_published() -> None:
+    """With no trigger feed, a follower that finds the claim held by a live replica reads the
+    subject: published, the tick is done; not yet, it leaves the tick to the holder."""
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    a, _, _ = dispatcher("a", claims, triggers)
+    b, host_b, ledger_b = dispatcher("b", claims, triggers)
+    host_b.quiet = True
+    due = due_now()
+    held = ClaimRecord(node="a", instance=a.instance, attempt=1, claimed_ms=due)
+    assert await claims.create(TickId("j", due).claim_key, held, 30.0)  # claimed, not published
+    early = Flight(job(), 0, due, 1)
+    await b.run([early])
+    assert early.outcome == "lock_busy"
+    assert ledger_b.last.get(early.job.subject) is None
+    await a.run([Flight(job(), 0, due, 0)])  # the holder publishes what it claimed
+    late = Flight(job(), 0, due, 1)
+    await b.run([late])
+    assert late.outcome == "already_claimed"
+    assert ledger_b.last[late.job.subject].watermark == due
     assert len(triggers.messages) == 1
 
 

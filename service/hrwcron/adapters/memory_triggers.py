@@ -115,6 +115,9 @@ class MemoryTriggers:
         stored = self._last.get(subject)
         return _as_last(stored) if stored else None
 
+    async def last_many(self, subjects: Sequence[str]) -> dict[str, LastTrigger]:
+        return {s: _as_last(self._last[s]) for s in set(subjects) if s in self._last}
+
     def forget(self, subject: str) -> None:
         """Drop every message of ``subject``, as the stream's max_age eventually does."""
         self.messages = [m for m in self.messages if m.subject != subject]

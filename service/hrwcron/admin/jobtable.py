@@ -70,7 +70,7 @@ async def by_due(
     for index, name in enumerate(list(names)):
         job = scheduler.jobs.get(name)
         if job is not None:
-            key = (fire_of(job.due, job.jitter_ms, job.spec.paused), name)
+            key = (fire_of(scheduler.due_of(job), job.jitter_ms, job.spec.paused), name)
             if after is None or key > after:
                 keys.append(key)
         if index % SLICE == SLICE - 1:

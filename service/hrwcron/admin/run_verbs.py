@@ -254,6 +254,7 @@ class RunVerbs(ServiceContext):
         page = self._page(request.max_bytes, reply)
         jobs: list[JobStatus] = reply.jobs
         shown = 0
+        await scheduler.refresh_last(names[: request.limit])
         allowance = Allowance()
         slices = Slices()
         for name in names[: request.limit]:

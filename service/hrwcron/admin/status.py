@@ -106,7 +106,9 @@ class ReplicaStatus:
         names = [n for n in s.jobs if n.startswith(prefix)] if prefix else list(s.jobs)
         doc["jobs_total"] = len(names)
         keys = await by_due(s, names, position, limit + 1)
-        doc["jobs"] = await self._jobs([name for _, name in keys[:limit]])
+        shown = [name for _, name in keys[:limit]]
+        await s.refresh_last(shown)
+        doc["jobs"] = await self._jobs(shown)
         doc["next"] = format_due_cursor(keys[limit - 1]) if len(keys) > limit else ""
         doc["owned"] = await self._owned(limit, now)
         # Specs this replica could not load, then loaded jobs whose triggers the server refused.

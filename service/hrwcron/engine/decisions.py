@@ -9,8 +9,6 @@ the timer, the trigger ledger, the job table, membership and the dispatcher's ou
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -23,7 +21,7 @@ from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.flight import Flight
 from hrwcron.engine.jobs import HeldClaim, Job, JobTable
 from hrwcron.engine.ledger import TriggerLedger
-from hrwcron.engine.marks import BUSY, DONE, Mark, MarksHeard
+from hrwcron.engine.marks import Mark, MarksHeard
 from hrwcron.engine.membership import Membership
 from hrwcron.engine.ports import JobsPort, LastTrigger, Observer
 from hrwcron.engine.recent import RecentCounts
@@ -79,11 +77,11 @@ class TickDecisions:
         # ticks it has resolved so far.
         self.owed: dict[str, int] = {}
         self.resolved = 0
-        # Follower side: ticks whose live owner has not reached them yet, per owner, as a heap
-        # of (fire ms, sequence, job name, the job's entry generation when parked).
+        # Follower side: the jobs left to a live owner that keeps up, per owner (job name ->
+        # the job's entry generation when parked). They cost nothing per tick; when the owner
+        # falls silent they catch up from its last mark (release_parked).
         self.marks: MarksHeard | None = None
-        self.parked: dict[str, list[tuple[int, int, str, int]]] = {}
-        self._park_seq = itertools.count()
+        self.parked: dict[str, dict[str, int]] = {}
         # Ticks that passed their lateness window unpublished (whoever owned them).
         self.missed_recently = RecentCounts()
         self.jobs: dict[str, Job] = {}
@@ -102,6 +100,10 @@ class TickDecisions:
         self._ledger_done = ledger.done
         self._holder_wait: Callable[[HeldClaim], float | None] = membership.holder_wait
         self.holder_live: Callable[[str, str], bool] = membership.holder_live
+
+    @property
+    def quiet(self) -> bool:
+        return self.marks is not None
 
     def use_marks(self, marks: MarksHeard) -> None:
         """Followers consult the owners' progress marks (without them, they act at their turn
@@ -211,18 +213,14 @@ class TickDecisions:
             return
         self._awaiting_turn.discard(job.spec.name)
         marks = self.marks
-        if rank > 0 and marks is not None:
-            verdict = marks.verdict(job.first, fire, job.revision)
-            if verdict == DONE:
-                self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
-                return
-            if verdict == BUSY:
-                self._park(job, fire)
-                return
+        if rank > 0 and marks is not None and marks.verdict(job.first, fire, job.revision):
+            self._park(job)  # done or on its way: the owner is live and keeps up
+            return
         held = job.claim_seen
-        if held is not None:
+        if held is not None and self.marks is None:
             # Another instance holds this tick's claim: wait for the trigger in the feed or for
-            # the holder to fall silent, without reading the claim again meanwhile.
+            # the holder to fall silent, without reading the claim again meanwhile. (Quiet, with
+            # no feed, the dispatcher reads the claim and the subject instead; see acted.)
             wait_until = self._holder_wait(held)
             if wait_until is not None:
                 self._awaiting_holder.add(job.spec.name)
@@ -251,6 +249,9 @@ class TickDecisions:
             wait_until = self._holder_wait(held)
             # None: time to read the claim again, but not in a tight loop.
             retry = wait_until if wait_until is not None else self.clock.now_ms() + 10.0
+            if self.marks is not None:
+                # No feed tells this replica when the holder publishes: look every half step.
+                retry = min(retry, self.clock.now_ms() + self._step_ms / 2)
             self._awaiting_holder.add(job.spec.name)
         self._push(job, retry)
 
@@ -319,46 +320,77 @@ class TickDecisions:
             mark = min(mark, min(self.owed.values()) - 1)
         return int(mark)
 
-    def _park(self, job: Job, fire: int) -> None:
-        """Wait for the live owner's marks instead of a timer: no work on the tick until the
-        owner passes it or falls silent."""
+    def _park(self, job: Job) -> None:
+        """Leave the job to its live owner: no heap entry, no work, until the owner falls
+        silent, stops advancing, leaves, or the membership changes."""
         owner = job.first
         assert owner is not None
         job.entry += 1  # no heap entry stands for the job while it is parked
-        parked = self.parked.setdefault(owner, [])
-        heapq.heappush(parked, (fire, next(self._park_seq), job.spec.name, job.entry))
+        self.parked.setdefault(owner, {})[job.spec.name] = job.entry
+
+    def parked_on(self, job: Job) -> Mark | None:
+        """The newest mark of the owner ``job`` is parked on, if it is parked."""
+        owner = job.first
+        if owner is None or self.parked.get(owner, {}).get(job.spec.name) != job.entry:
+            return None
+        return self.marks.mark_of(owner) if self.marks is not None else None
 
     def heard(self, mark: Mark) -> None:
-        """Another replica's mark: the ticks parked on it that it passed are resolved."""
+        """Another replica's mark. A new instance of a node: what was parked on the old one
+        catches up from the old one's last mark and is decided again."""
         marks = self.marks
         assert marks is not None
+        before = marks.mark_of(mark.node)
+        if before is not None and before.instance != mark.instance:
+            self._release(mark.node, before)
         marks.hear(mark)
-        parked = self.parked.get(mark.node)
-        while parked and parked[0][0] <= mark.resolved_ms:
-            fire, _, name, entry = heapq.heappop(parked)
-            job = self.jobs.get(name)
-            if job is None or job.entry != entry or job.busy or job.due is None:
-                continue  # resolved, changed or removed meanwhile
-            if marks.verdict(mark.node, fire, job.revision) == DONE:
-                self._finish(job, "already_claimed" if job.acted else "not_owner", job.due, -1, 0)
-            else:
-                self._push(job, 0)
-        if not parked:
-            self.parked.pop(mark.node, None)
 
     def release_parked(self, *, everyone: bool = False) -> None:
-        """Parked ticks of owners that fell silent, left or stopped advancing (or of every
-        owner, when the membership changed) are decided again now."""
+        """Jobs parked on owners that fell silent, left or stopped advancing (or on every
+        owner, when the membership changed) catch up and are decided again now."""
         marks = self.marks
         if marks is None or not self.parked:
             return
         for owner in list(self.parked):
-            if not everyone and not marks.silent(owner):
-                continue
-            for _, _, name, entry in self.parked.pop(owner):
-                job = self.jobs.get(name)
-                if job is not None and job.entry == entry and not job.busy:
-                    self._push(job, 0)
+            if everyone or marks.silent(owner):
+                self._release(owner, marks.mark_of(owner))
+
+    def _release(self, owner: str, mark: Mark | None) -> None:
+        for name, entry in self.parked.pop(owner, {}).items():
+            job = self.jobs.get(name)
+            if job is None or job.entry != entry or job.busy:
+                continue  # changed or removed meanwhile
+            if mark is None or self._catch_up(job, mark):
+                self._push(job, 0)
+
+    def _catch_up(self, job: Job, mark: Mark) -> bool:
+        """Move the job past every tick the owner's ``mark`` says it resolved; False when the
+        job has no tick left to push."""
+        due = job.due
+        if due is None or mark.jobs_revision < job.revision:
+            return True
+        after = self.next_unresolved(job, mark)
+        if after == due:
+            return True
+        job.acted = False
+        job.claim_seen = None
+        job.due = after
+        if after is None:
+            self._ran_out(job)
+            return False
+        self._collapse(job)
+        return True
+
+    def next_unresolved(self, job: Job, mark: Mark) -> int | None:
+        """The job's first tick whose fire instant is past ``mark``."""
+        due = job.due
+        if due is None or due + job.jitter_ms > mark.resolved_ms:
+            return due
+        try:
+            return job.plan.next_after(mark.resolved_ms - job.jitter_ms)
+        except HrwcronError as exc:  # the schedule ran out of supported years
+            self.mark_bad(job, f"no next tick: {exc}")
+            return None
 
     # ------------------------------------------------------------- jobs that run out of ticks
 

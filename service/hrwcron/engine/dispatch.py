@@ -28,6 +28,7 @@ from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import (
     COUNT,
     CREATE,
+    HELD,
     LAST,
     PUBLISH,
     READ,
@@ -72,6 +73,10 @@ class TickHost(Protocol):
 
     def holder_live(self, node: str, instance: str) -> bool:
         """Whether a claim's holder is live and ready."""
+
+    @property
+    def quiet(self) -> bool:
+        """Whether this replica does not follow the trigger stream (it reads progress marks)."""
 
     def mark_bad(self, job: Job, problem: str) -> None:
         """The job's ticks fail for what the job is."""
@@ -297,6 +302,12 @@ class Dispatcher:
             self._prepare(flight, batch, publishes)
         elif step == COUNT:
             self._prepare(flight, batch, publishes)
+        elif step == HELD:
+            if result is not None:
+                self._ledger.remember(flight.job.subject, result)
+            # Published by the live holder: done. Not yet: wait for it, as before.
+            done = result is not None and result.watermark >= flight.due
+            self._resolve(flight, "already_claimed" if done else "lock_busy")
 
     def _read(
         self,
@@ -335,6 +346,10 @@ class Dispatcher:
         elif now - seen.seen_mono >= self._settings.claim_lease:
             reason = f"unchanged for {now - seen.seen_mono:.1f} s"
         if not reason:
+            if self._s.quiet:
+                # Nothing follows the stream here: ask it whether the holder published.
+                self._spawn(batch, flight, HELD, self._triggers.last(job.subject))
+                return
             self._resolve(flight, "lock_busy")
             return
         takeover = ClaimRecord(

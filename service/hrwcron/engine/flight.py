@@ -79,7 +79,7 @@ class Flight:
 
 
 # The step a pending answer belongs to.
-CREATE, READ, TAKEOVER, RUNS, SKIP, PUBLISH, LAST, COUNT, REJECT = range(9)
+CREATE, READ, TAKEOVER, RUNS, SKIP, PUBLISH, LAST, COUNT, REJECT, HELD = range(10)
 
 
 class Batch:

@@ -1,7 +1,8 @@
 """The trigger ledger: the newest trigger on every subject, as the trigger stream shows it.
 
-Every replica follows the whole stream, so each knows which ticks are already published (a
-tick is done once its subject's watermark reaches it) without asking anyone.
+A replica reads the newest trigger of every subject at start-up, then remembers what it
+publishes and what it reads; without progress marks it follows every trigger (a tick is done
+once its subject's watermark reaches it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ class TriggerLedger:
             self.last[subject] = seen
             self._newer(subject, seen)
 
+    def note(self, subject: str, seen: LastTrigger) -> None:
+        """Record what a read found, without telling anyone: the ticks it shows are decided
+        where they always are (the owner, or a follower at its turn)."""
+        known = self.last.get(subject)
+        if known is None or known.seq < seen.seq:
+            self.last[subject] = seen
+
     def forget(self, subject: str) -> None:
         """The subject moved on in a way this replica did not see: read it again first."""
         self.last.pop(subject, None)
@@ -51,14 +59,20 @@ class TriggerLedger:
         last = self.last.get(subject)
         return last if last is not None and last.watermark >= due else None
 
-    async def follow(self) -> None:
-        """Read the stream's history, then every new trigger, until stopped."""
+    async def follow(self, *, live: bool = True) -> None:
+        """Read the stream's history, then (``live``) every new trigger, until stopped.
+
+        With progress marks a replica does not follow: it learns of its own triggers from
+        their acks, and of the others' only when it reads a subject (a fence, a held claim, a
+        job's status), so a trigger costs no replica but its publisher anything."""
         while not self.stopping:
             try:
                 slices = Slices()
                 async for item in self._triggers.follow():
                     if item is None:
                         self.loaded.set()
+                        if not live:
+                            return
                         continue
                     subject, seen = item
                     self.remember(subject, seen)

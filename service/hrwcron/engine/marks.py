@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 import msgspec
 
+# Verdicts; UNKNOWN is the only false one.
+UNKNOWN = 0
 DONE = 1
 BUSY = 2
-UNKNOWN = 3
 
 # Marks per failover step: a live owner's newest mark is never older than half a step, so a
 # silent one is noticed before its followers' turns are over.
@@ -99,6 +100,10 @@ class MarksHeard:
         if now - heard.advanced_mono <= self._lease:
             return BUSY
         return UNKNOWN
+
+    def mark_of(self, owner: str) -> Mark | None:
+        heard = self.heard.get(owner)
+        return heard.mark if heard is not None else None
 
     def silent(self, owner: str) -> bool:
         """Whether ticks parked on ``owner`` must be looked at again."""

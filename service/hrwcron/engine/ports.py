@@ -148,6 +148,9 @@ class TriggersPort(Protocol):
         ...
 
     async def last(self, subject: str) -> LastTrigger | None: ...
+    async def last_many(self, subjects: Sequence[str]) -> dict[str, LastTrigger]:
+        """The newest trigger of each subject that has one, in one round."""
+
     def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]: ...
     async def history(self, subject: str, limit: int, before_seq: int = 0) -> list[TriggerRecord]:
         """The newest ``limit`` triggers of ``subject``, oldest first; with ``before_seq``,

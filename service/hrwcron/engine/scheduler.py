@@ -19,7 +19,7 @@ import contextlib
 import gc
 import logging
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from hrwcron.engine.decisions import RESOLVED, TickDecisions
 from hrwcron.engine.dispatch import Dispatcher
 from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import Flight
-from hrwcron.engine.jobs import JobTable
+from hrwcron.engine.jobs import Job, JobTable
 from hrwcron.engine.ledger import TriggerLedger
 from hrwcron.engine.marks import MARKS_PER_STEP, Mark, MarksHeard
 from hrwcron.engine.membership import Membership
@@ -238,6 +238,22 @@ class Scheduler:
             raise StoreUnavailable(f"trigger {msg_id}: {flight.error}")
         return outcome
 
+    async def refresh_last(self, names: Iterable[str]) -> None:
+        """Bring the newest trigger of these jobs up to date from the stream, for reading
+        them out: a replica that does not follow the stream knows its own triggers only."""
+        if self._marks is None:
+            return  # following the stream: up to date already
+        subjects = [job.subject for name in names if (job := self.jobs.get(name)) is not None]
+        if not subjects:
+            return
+        try:
+            found = await asyncio.wait_for(self._triggers.last_many(subjects), 10)
+        except Exception as exc:  # unread, what this replica knows stands
+            log.debug("reading the newest triggers of %d jobs failed: %s", len(subjects), exc)
+            return
+        for subject, seen in found.items():
+            self._ledger.note(subject, seen)
+
     def problem_of(self, name: str) -> str:
         job = self.jobs.get(name)
         return job.problem if job is not None else ""
@@ -264,7 +280,7 @@ class Scheduler:
         self._spawn(membership.watch(), "members-watch")
         self._spawn(membership.refresh_loop(), "members-refresh")
         self._spawn(membership.heartbeat_loop(), "heartbeat")
-        self._spawn(self._ledger.follow(), "trigger-feed")
+        self._spawn(self._ledger.follow(live=self._marks is None), "trigger-feed")
         await _wait_event(self._ledger.loaded, 30, "trigger history")
         self._table.start_watch()
         await _wait_event(self._table.loaded, 60, "job list")
@@ -380,22 +396,31 @@ class Scheduler:
         job = self.jobs[name]
         done = self.runs_done(name) if job.spec.max_runs is not None else None
         left = None if done is None else max(0, (job.spec.max_runs or 0) - done)
-        due = None if job.spec.paused or left == 0 else job.due
+        current = self.due_of(job)
+        due = None if job.spec.paused or left == 0 else current
         if due is not None and job.plan.excluded(due):
             due = (allowance or Allowance()).search(job.plan, due).due
         state = lifecycle(
             job.plan,
             paused=job.spec.paused,
-            due=None if left == 0 else job.due,
+            due=None if left == 0 else current,
             now_ms=self.clock.now_ms(),
             runs_left=left,
         )
         return Progress(state, due, done, left)
 
+    def due_of(self, job: Job) -> int | None:
+        """The job's first unresolved tick as this replica knows it: a job left to its owner
+        is not advanced tick by tick here, so its owner's newest mark says how far it got."""
+        mark = self._ticks.parked_on(job)
+        if mark is None or mark.jobs_revision < job.revision:
+            return job.due
+        return self._ticks.next_unresolved(job, mark)
+
     def iter_jobs(self) -> Iterator[tuple[str, JobSpec, int | None, int]]:
         """(name, spec, next due ms, jitter ms) for every known job."""
         for name, job in self.jobs.items():
-            yield name, job.spec, job.due, job.jitter_ms
+            yield name, job.spec, self.due_of(job), job.jitter_ms
 
 
 async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:

@@ -106,6 +106,43 @@ class JetStreamTriggers:
             return None
         return _last(int(message.seq or 0), message.headers)
 
+    async def last_many(
+        self, subjects: Sequence[str], timeout: float = 10.0
+    ) -> dict[str, LastTrigger]:
+        """The newest trigger of each of ``subjects`` that has one, through one ephemeral
+        consumer delivering the last message per subject, headers only: one request and a
+        small message per subject, not a request per subject."""
+        wanted = sorted(set(subjects))
+        if not wanted:
+            return {}
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def deliver(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            headers_only=True,
+            filter_subjects=wanted,
+        )
+        subscription = await self._js.subscribe(
+            wanted[0], stream=self._stream, cb=deliver, ordered_consumer=True, config=config
+        )
+        found: dict[str, LastTrigger] = {}
+        try:
+            if nothing_to_read(await subscription.consumer_info()):
+                return found
+            async with asyncio.timeout(timeout):
+                while True:
+                    msg = await queue.get()
+                    seq, pending = _position(msg.reply)
+                    found[msg.subject] = _last(seq, msg.headers)
+                    if pending == 0:
+                        return found
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
     async def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]:
         """The newest trigger of every subject, then ``None``, then every new trigger."""
         queue: asyncio.Queue[Msg] = asyncio.Queue()
