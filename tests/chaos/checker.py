@@ -32,6 +32,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 import nats
 from nats.aio.client import Client
+from nats.js.errors import NoKeysError
 
 from harness.ackjournal import ACK_LOST, Ack, find_lost_acks
 from harness.chaos import (
@@ -242,10 +243,18 @@ async def jobs_in_bucket(client: Client, bucket: str = "hrwcron_jobs") -> list[J
     """The valid, unpaused job specs stored in the jobs bucket."""
     kv = await client.jetstream().key_value(bucket)
     found: list[JobSpec] = []
-    try:
-        keys = await kv.keys()
-    except Exception:  # nats-py raises NoKeysError for an empty bucket
-        return found
+    keys: list[str] = []
+    for attempt in range(3):
+        try:
+            keys = await kv.keys()
+            break
+        except NoKeysError:  # an empty bucket
+            return found
+        except TimeoutError:
+            # Its watch answers late on a busy machine: an empty answer would pass for
+            # "no jobs", so ask again, and fail loudly rather than check nothing.
+            if attempt == 2:
+                raise
     for key in keys:
         entry = await kv.get(key)
         try:
