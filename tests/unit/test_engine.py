@@ -223,8 +223,11 @@ class Cluster:
         self.marks = MemoryMarks()
         self.replicas: dict[str, Replica] = {}
 
-    async def start(self, node: str, jobs: Any = None, **settings: Any) -> Replica:
-        """Start a replica on the shared stores; ``jobs`` replaces its view of the jobs bucket."""
+    async def start(
+        self, node: str, jobs: Any = None, *, marks: bool = True, **settings: Any
+    ) -> Replica:
+        """Start a replica on the shared stores; ``jobs`` replaces its view of the jobs bucket;
+        ``marks=False`` runs it as versions before progress marks did (following the stream)."""
         members = FlakyMembers(self.members)
         claims = HangingClaims(self.claims)
         triggers = GatedTriggers(self.triggers)
@@ -235,7 +238,7 @@ class Cluster:
             claims=claims,
             triggers=triggers,
             jobs=self.jobs if jobs is None else jobs,
-            marks=self.marks,
+            marks=self.marks if marks else None,
             observer=recorder,
         )
         await scheduler.start()

@@ -190,3 +190,60 @@ async def test_ticks_waiting_on_an_owner_that_falls_silent_are_fired_by_the_next
     assert cluster.violations(jobs, (start, end)) == ""
     taken = [t for t in cluster.triggers_log() if t.due_ms > cut + 2000]
     assert taken and {t.node for t in taken} <= {"b", "c"}
+
+
+async def test_a_follower_spends_nothing_per_tick_and_still_knows_each_jobs_next_tick(
+    cluster: Cluster,
+) -> None:
+    """Once its owner's marks arrive, a job sits parked on a follower: no heap entry and no
+    outcome per tick, while status there still shows the job's next tick, from the mark."""
+    jobs = [every_second(name) for name in owned_by("a", 10)]
+    await cluster.put(*jobs)
+    replicas = {r.scheduler.node: r for r in await cluster.start_all(NODES)}
+    follower = replicas["b"]
+    names = {job.name for job in jobs}
+
+    def all_parked() -> bool:
+        parked = follower.scheduler._ticks.parked.get("a", {})
+        return names <= set(parked)
+
+    await cluster.run_until(jobs, second_after(now_ms(), 1))
+    deadline = asyncio.get_running_loop().time() + 10
+    while not all_parked():
+        assert asyncio.get_running_loop().time() < deadline, "the follower never parked them"
+        await asyncio.sleep(0.05)
+    decided = len(follower.recorder.outcomes)
+    heap = [entry for entry in follower.scheduler._timer.heap if entry[2] in names]
+    end = second_after(now_ms(), 3)
+    await cluster.run_until(jobs, end)
+    assert len(follower.recorder.outcomes) == decided  # three seconds of ticks: nothing
+    live = [e for e in heap if follower.scheduler.jobs[e[2]].entry == e[3]]
+    assert live == []  # no heap entry stands for a parked job
+    for job in jobs:
+        shown = follower.scheduler.progress(job.name).next_due
+        owner_knows = replicas["a"].scheduler.jobs[job.name].due
+        assert shown is not None and owner_knows is not None
+        assert abs(shown - owner_knows) <= 1000, (job.name, shown, owner_knows)
+        assert shown > end - 2000
+
+
+async def test_a_fleet_halfway_through_an_upgrade_to_marks_fires_every_tick_once(
+    cluster: Cluster,
+) -> None:
+    """One replica of the version before marks (it follows the stream and announces nothing)
+    beside two that are quiet: each tick still fires exactly once, and once the old one is
+    stopped, the others take its jobs over."""
+    jobs = [every_second(f"mixed{i:02d}") for i in range(24)]
+    start = await cluster.put(*jobs)
+    await cluster.start("a", marks=False)
+    await cluster.start_all(["b", "c"])
+    middle = second_after(now_ms(), 3)
+    await cluster.run_until(jobs, middle)
+    assert cluster.violations(jobs, (start, middle)) == ""
+    assert "a" in {t.node for t in cluster.triggers_log()}  # the old one owned some jobs
+    await cluster.stop("a")
+    stopped = now_ms()
+    end = second_after(stopped, 3)
+    await cluster.run_until(jobs, end)
+    assert cluster.violations(jobs, (start, end)) == ""
+    assert {t.node for t in cluster.triggers_log() if t.stored_ms > stopped} <= {"b", "c"}

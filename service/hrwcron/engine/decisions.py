@@ -78,10 +78,10 @@ class TickDecisions:
         self.owed: dict[str, int] = {}
         self.resolved = 0
         # Follower side: the jobs left to a live owner that keeps up, per owner (job name ->
-        # the job's entry generation when parked). They cost nothing per tick; when the owner
-        # falls silent they catch up from its last mark (release_parked).
+        # the job and its entry generation when parked). They cost nothing per tick; when the
+        # owner falls silent they catch up from its last mark (release_parked).
         self.marks: MarksHeard | None = None
-        self.parked: dict[str, dict[str, int]] = {}
+        self.parked: dict[str, dict[str, tuple[Job, int]]] = {}
         # Ticks that passed their lateness window unpublished (whoever owned them).
         self.missed_recently = RecentCounts()
         self.jobs: dict[str, Job] = {}
@@ -326,12 +326,12 @@ class TickDecisions:
         owner = job.first
         assert owner is not None
         job.entry += 1  # no heap entry stands for the job while it is parked
-        self.parked.setdefault(owner, {})[job.spec.name] = job.entry
+        self.parked.setdefault(owner, {})[job.spec.name] = (job, job.entry)
 
     def parked_on(self, job: Job) -> Mark | None:
         """The newest mark of the owner ``job`` is parked on, if it is parked."""
         owner = job.first
-        if owner is None or self.parked.get(owner, {}).get(job.spec.name) != job.entry:
+        if owner is None or self.parked.get(owner, {}).get(job.spec.name) != (job, job.entry):
             return None
         return self.marks.mark_of(owner) if self.marks is not None else None
 
@@ -356,9 +356,8 @@ class TickDecisions:
                 self._release(owner, marks.mark_of(owner))
 
     def _release(self, owner: str, mark: Mark | None) -> None:
-        for name, entry in self.parked.pop(owner, {}).items():
-            job = self.jobs.get(name)
-            if job is None or job.entry != entry or job.busy:
+        for name, (job, entry) in self.parked.pop(owner, {}).items():
+            if self.jobs.get(name) is not job or job.entry != entry or job.busy:
                 continue  # changed or removed meanwhile
             if mark is None or self._catch_up(job, mark):
                 self._push(job, 0)
