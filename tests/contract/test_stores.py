@@ -518,6 +518,20 @@ async def test_last_many_reads_the_newest_trigger_of_each_subject_in_one_round(
     }
 
 
+async def test_last_many_answers_for_more_subjects_than_one_read_takes(
+    backend: Backend,
+) -> None:
+    subjects = [f"{backend.prefix}.many{i:03d}" for i in range(450)]  # over two chunks of 200
+    seqs = {}
+    for i, subject in enumerate(subjects):
+        if i % 3:  # a third never fired
+            seqs[subject] = (
+                await backend.triggers.publish(subject, b"{}", headers(f"m:{i}", i), 0)
+            ).seq
+    found = await backend.triggers.last_many(subjects)
+    assert {s: t.seq for s, t in found.items()} == seqs
+
+
 async def test_follow_on_an_empty_stream_is_loaded_at_once(backend: Backend) -> None:
     feed = Stream(backend.triggers.follow())
     try:

@@ -243,7 +243,12 @@ class Scheduler:
         them out: a replica that does not follow the stream knows its own triggers only."""
         if self._marks is None:
             return  # following the stream: up to date already
-        subjects = [job.subject for name in names if (job := self.jobs.get(name)) is not None]
+        # Its own jobs' newest triggers are this replica's own publishes: known already.
+        subjects = [
+            job.subject
+            for name in names
+            if (job := self.jobs.get(name)) is not None and job.first != self.node
+        ]
         if not subjects:
             return
         try:

@@ -32,6 +32,10 @@ from hrwcron.engine.ports import (
     TriggerWrite,
 )
 
+# last_many: subjects per ephemeral consumer, and consumers read at once.
+LAST_MANY_CHUNK = 200
+LAST_MANY_IN_FLIGHT = 4
+
 
 def _position(reply: str) -> tuple[int, int]:
     """(stream sequence, messages pending) from a JetStream delivery's reply subject, without
@@ -109,12 +113,21 @@ class JetStreamTriggers:
     async def last_many(
         self, subjects: Sequence[str], timeout: float = 10.0
     ) -> dict[str, LastTrigger]:
-        """The newest trigger of each of ``subjects`` that has one, through one ephemeral
-        consumer delivering the last message per subject, headers only: one request and a
-        small message per subject, not a request per subject."""
+        """The newest trigger of each of ``subjects`` that has one, through ephemeral
+        consumers delivering the last message per subject, headers only: a request per
+        :data:`LAST_MANY_CHUNK` subjects and a small message per subject. (The server's cost
+        of one consumer grows faster than its filter list: 5,000 subjects take six times as
+        long in one consumer as in chunks.)"""
         wanted = sorted(set(subjects))
-        if not wanted:
-            return {}
+        found: dict[str, LastTrigger] = {}
+        chunks = [wanted[i : i + LAST_MANY_CHUNK] for i in range(0, len(wanted), LAST_MANY_CHUNK)]
+        for start in range(0, len(chunks), LAST_MANY_IN_FLIGHT):
+            reads = chunks[start : start + LAST_MANY_IN_FLIGHT]
+            for part in await asyncio.gather(*(self._last_of(c, timeout) for c in reads)):
+                found.update(part)
+        return found
+
+    async def _last_of(self, wanted: list[str], timeout: float) -> dict[str, LastTrigger]:
         queue: asyncio.Queue[Msg] = asyncio.Queue()
 
         async def deliver(msg: Msg) -> None:
