@@ -247,3 +247,30 @@ async def test_a_fleet_halfway_through_an_upgrade_to_marks_fires_every_tick_once
     await cluster.run_until(jobs, end)
     assert cluster.violations(jobs, (start, end)) == ""
     assert {t.node for t in cluster.triggers_log() if t.stored_ms > stopped} <= {"b", "c"}
+
+
+async def test_hundreds_of_parked_jobs_are_released_in_slices_and_none_is_lost(
+    cluster: Cluster,
+) -> None:
+    """More jobs parked on one owner than one slice releases: when the owner stops, every
+    one of them is taken over, each tick once."""
+    jobs = [every_second(name) for name in owned_by("a", 300)]
+    start = await cluster.put(*jobs)
+    replicas = {r.scheduler.node: r for r in await cluster.start_all(NODES)}
+    names = {job.name for job in jobs}
+
+    def parked_on_a() -> int:
+        return sum(
+            len(names & set(replicas[n].scheduler._ticks.parked.get("a", {}))) for n in ("b", "c")
+        )
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while parked_on_a() < 2 * len(jobs):
+        assert asyncio.get_running_loop().time() < deadline, parked_on_a()
+        await asyncio.sleep(0.05)
+    await cluster.stop("a")
+    stopped = now_ms()
+    end = second_after(stopped, 3)
+    await cluster.run_until(jobs, end, timeout=30)
+    assert cluster.violations(jobs, (start, end)) == ""
+    assert {t.node for t in cluster.triggers_log() if t.stored_ms > stopped} <= {"b", "c"}

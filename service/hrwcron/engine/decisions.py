@@ -46,6 +46,11 @@ RESOLVED = frozenset(
 )
 
 
+# Parked jobs released at a time before the loop gets a turn (a membership change releases
+# every one of them).
+RELEASE_SLICE = 256
+
+
 class TickDecisions:
     """The tick state machine of every job; the dispatcher's host and the table's hooks."""
 
@@ -356,8 +361,20 @@ class TickDecisions:
                 self._release(owner, marks.mark_of(owner))
 
     def _release(self, owner: str, mark: Mark | None) -> None:
-        for name, (job, entry) in self.parked.pop(owner, {}).items():
-            if self.jobs.get(name) is not job or job.entry != entry or job.busy:
+        released = list(self.parked.pop(owner, {}).values())
+        if len(released) <= RELEASE_SLICE:
+            self._release_now(released, mark)
+        else:  # tens of thousands of jobs must not hold the loop: in slices
+            self._spawn(self._release_sliced(released, mark), f"release-{owner}")
+
+    async def _release_sliced(self, released: list[tuple[Job, int]], mark: Mark | None) -> None:
+        for start in range(0, len(released), RELEASE_SLICE):
+            self._release_now(released[start : start + RELEASE_SLICE], mark)
+            await asyncio.sleep(0)
+
+    def _release_now(self, released: list[tuple[Job, int]], mark: Mark | None) -> None:
+        for job, entry in released:
+            if self.jobs.get(job.spec.name) is not job or job.entry != entry or job.busy:
                 continue  # changed or removed meanwhile
             if mark is None or self._catch_up(job, mark):
                 self._push(job, 0)
