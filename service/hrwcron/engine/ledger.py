@@ -37,18 +37,19 @@ class TriggerLedger:
         self.stopping = False
 
     def remember(self, subject: str, seen: LastTrigger) -> None:
-        """Record ``seen`` on ``subject`` unless a newer trigger is known already."""
-        known = self.last.get(subject)
-        if known is None or known.seq < seen.seq:
-            self.last[subject] = seen
+        """Record ``seen`` on ``subject`` unless a newer trigger is known already, and tell
+        ``newer`` when it was news."""
+        if self.note(subject, seen):
             self._newer(subject, seen)
 
-    def note(self, subject: str, seen: LastTrigger) -> None:
-        """Record what a read found, without telling anyone: the ticks it shows are decided
-        where they always are (the owner, or a follower at its turn)."""
+    def note(self, subject: str, seen: LastTrigger) -> bool:
+        """Record what a read found without telling anyone (the ticks it shows are decided
+        where they always are: the owner, or a follower at its turn); True when it was news."""
         known = self.last.get(subject)
-        if known is None or known.seq < seen.seq:
-            self.last[subject] = seen
+        if known is not None and known.seq >= seen.seq:
+            return False
+        self.last[subject] = seen
+        return True
 
     def forget(self, subject: str) -> None:
         """The subject moved on in a way this replica did not see: read it again first."""
