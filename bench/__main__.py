@@ -21,6 +21,7 @@ from typing import Any
 
 from . import (
     burst,
+    curve,
     durability,
     failover,
     herds,
@@ -37,6 +38,7 @@ SECTIONS = (
     "precision",
     "burst",
     "herds",
+    "curve",
     "failover",
     "scale",
     "hrw",
@@ -57,6 +59,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "herds_jobs": 5_000,
         "herds_count": 3,
         "herds_settle": 25.0,
+        "curve_rates": [500, 1_000],
+        "curve_seconds": 10,
         "failover_jobs": 100,
         "failover_kills": 4,
         "scale_jobs": 10_000,
@@ -74,6 +78,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "herds_jobs": 10_000,
         "herds_count": 5,
         "herds_settle": 45.0,
+        "curve_rates": [1_000, 2_000, 3_000, 5_000],
+        "curve_seconds": 20,
         "failover_jobs": 300,
         "failover_kills": 20,
         "scale_jobs": 100_000,
@@ -141,6 +147,14 @@ async def run_sections(results: report.Results, chosen: list[str], seed: int) ->
             )
 
         await step("herds", lambda: _with("single", do_herds))
+
+    if "curve" in chosen:
+
+        async def do_curve(dep: Deployment) -> None:
+            rates, seconds = size["curve_rates"], size["curve_seconds"]
+            results.curve = await curve.run(dep, rates, seconds, WARMUP_S, log)
+
+        await step("curve", lambda: _with("single", do_curve))
 
     if "failover" in chosen:
 

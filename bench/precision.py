@@ -82,6 +82,19 @@ async def hrwcron_runs(
     dep: Deployment, jobs: int, seconds: int, warmup: int, log: object
 ) -> list[Run]:
     """Both variants on one fleet of 3 replicas (each variant's jobs alone in the bucket)."""
+    variants = [("spread", jobs, True), ("aligned", jobs, False)]
+    return await hrwcron_fleet_runs(dep, variants, seconds, warmup, log)
+
+
+async def hrwcron_fleet_runs(
+    dep: Deployment,
+    variants: list[tuple[str, int, bool]],
+    seconds: int,
+    warmup: int,
+    log: object,
+) -> list[Run]:
+    """One run per ``(tag, jobs, spread)`` on one fleet of 3 replicas, each run's jobs (named
+    ``p-<tag>-<i>``) alone in the bucket."""
     config = dep.config()
     stores = await stores_for(config)
     fleet = dep.fleet("precision")
@@ -92,8 +105,7 @@ async def hrwcron_runs(
         await fleet.wait_members([r.node for r in fleet.members])
         js = stores.client.jetstream()
         stream = config.scheduler.stream
-        for spread in (True, False):
-            tag = "spread" if spread else "aligned"
+        for tag, jobs, spread in variants:
             jitter = 1.0 if spread else 0.0
             specs = [
                 JobSpec(name=f"p-{tag}-{i}", schedule=EVERY_SECOND, jitter=jitter)
@@ -117,7 +129,7 @@ async def hrwcron_runs(
             run.lateness_ms = _hrwcron_lateness(stored, jitter, begin, end)
             run.cpu_s = cpu_s
             runs.append(run)
-            log(f"  {run.label}: {_brief(run)}")  # type: ignore[operator]
+            log(f"  {run.label} {jobs:,}: {_brief(run)}")  # type: ignore[operator]
     finally:
         fleet.stop()
         await stores.client.close()
@@ -161,11 +173,22 @@ async def native_runs(
     """The server's own scheduler: ``@every 1s`` schedules for the aligned case; for the spread
     case one-shot ``@at`` schedules at each job's instants, since ``@every`` and cron patterns
     only fire on whole seconds."""
+    return await native_variant_runs(dep, [(jobs, True), (jobs, False)], seconds, warmup, log)
+
+
+async def native_variant_runs(
+    dep: Deployment,
+    variants: list[tuple[int, bool]],
+    seconds: int,
+    warmup: int,
+    log: object,
+) -> list[Run]:
+    """One native run per ``(jobs, spread)``, each on a stream of its own."""
     nc = await connect(dep.url)
     js = nc.jetstream()
     runs: list[Run] = []
     try:
-        for spread in (True, False):
+        for jobs, spread in variants:
             with_stream = await _native_stream(js, dep.replicas)
             if not with_stream:
                 raise RuntimeError("could not create a stream with allow_msg_schedules")
@@ -176,7 +199,7 @@ async def native_runs(
                 await _native_aligned(js, run, warmup)
             await js.delete_stream(NATIVE_STREAM)
             runs.append(run)
-            log(f"  {run.label}: {_brief(run)}")  # type: ignore[operator]
+            log(f"  {run.label} {jobs:,}: {_brief(run)}")  # type: ignore[operator]
     finally:
         await nc.close()
     return runs

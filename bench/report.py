@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 
 from .burst import BurstResult
 from .common import Summary, fmt, percentile, ratio
+from .curve import CurveResult
+from .curve import goal_rows as curve_goal_rows
+from .curve import section as curve_section
 from .durability import DurabilityResult
 from .failover import FailoverResult
 from .herds import HerdsResult
@@ -47,6 +50,7 @@ class Results:
     operator: OperatorResult | None = None
     searches: SearchesResult | None = None
     herds: HerdsResult | None = None
+    curve: CurveResult | None = None
     errors: list[str] = field(default_factory=list)
     durability: DurabilityResult | None = None
 
@@ -434,6 +438,7 @@ def _goal_rows(r: Results) -> list[tuple[str, str, str]]:
     rows += goal_rows(r.operator)
     rows += search_goal_rows(r.searches)
     rows += herd_goal_rows(r.herds)
+    rows += curve_goal_rows(r.curve)
     return rows
 
 
@@ -500,6 +505,7 @@ def results_md(r: Results) -> str:
     lines += section(r.operator, 7)
     lines += search_section(r.searches, 8)
     lines += herd_section(r.herds, 9)
+    lines += curve_section(r.curve, 10)
     if r.errors:
         lines += ["## Sections that failed", "", *[f"- {e}" for e in r.errors], ""]
     return "\n".join(lines).rstrip() + "\n"

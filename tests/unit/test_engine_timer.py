@@ -1,6 +1,6 @@
 """The timer alone, on a hand-driven clock: due jobs are evaluated in due order, each job's
-stale entries are dropped, busy or removed jobs are passed over, and a herd is handed over in
-bounded batches."""
+stale entries are dropped, busy or removed jobs are passed over, a herd is handed over in
+bounded batches, and ticks spread a few ms apart come in batches instead of one wake-up each."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.core.model import JobSpec
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.jobs import Job
-from hrwcron.engine.timer import TIMER_BATCH, Timer
+from hrwcron.engine.timer import TIMER_BATCH, WAKE_SPACING_MS, Timer
 
 from .test_clock_steps import Clocks
 
@@ -106,6 +106,32 @@ async def test_a_herd_is_handed_over_in_bounded_batches() -> None:
         await wait_for_async(lambda: len(h.evaluated) == len(names), timeout=5, message="all")
         assert [len(batch) for batch in h.batches] == [TIMER_BATCH, 44]
         assert [name for batch in h.batches for name in batch] == names
+    finally:
+        await stop(task)
+
+
+async def test_ticks_due_right_after_a_batch_wait_for_the_spacing_and_come_together() -> None:
+    h = Harness("first", "second", "third", "after_a_quiet_spell")
+    h.timer.push(h.jobs["first"], h.at(0))
+    task = await running(h)
+    try:
+        await wait_for_async(lambda: len(h.batches) == 1, timeout=5, message="first batch")
+        # Due now, but a batch has just been handed over: they wait for the spacing to pass.
+        h.timer.push(h.jobs["second"], h.at(0))
+        h.clocks.advance(1)
+        h.timer.push(h.jobs["third"], h.at(0))
+        for _ in range(20):
+            await asyncio.sleep(WAKE_SPACING_MS / 4000)  # virtual time; the hand clock stays
+        assert h.batches == [["first"]], "held until the spacing has passed"
+        h.clocks.advance(WAKE_SPACING_MS)
+        h.timer.wakeup.set()
+        await wait_for_async(lambda: len(h.batches) == 2, timeout=5, message="second batch")
+        assert h.batches[1] == ["second", "third"]
+        # After a quiet spell a tick is handed over at its due instant, with nothing added.
+        h.clocks.advance(1000)
+        h.timer.push(h.jobs["after_a_quiet_spell"], h.at(0))
+        await wait_for_async(lambda: len(h.batches) == 3, timeout=5, message="no spacing")
+        assert h.batches[2] == ["after_a_quiet_spell"]
     finally:
         await stop(task)
 

@@ -18,6 +18,12 @@ from hrwcron.engine.jobs import Job
 
 # Due ticks the timer evaluates before it hands them over and lets the loop run.
 TIMER_BATCH = 256
+# After it has handed over every due tick, the timer sleeps at least this long (ms), so ticks
+# spread over a second come in batches of a few ms each instead of one wake-up, one claim
+# round and one publish round apiece: on a busy owner the wake-ups and socket writes, not the
+# work, are what a spread-out tick costs. It adds at most this much lateness, and none to a
+# tick that comes due after a quiet spell.
+WAKE_SPACING_MS = 3.0
 
 Act = TypeVar("Act")
 
@@ -46,6 +52,7 @@ class Timer(Generic[Act]):
         self.heap: list[_Wake] = []
         self._seq = itertools.count()
         self.wakeup = asyncio.Event()
+        self._rest_until = 0.0  # server ms before which the timer does not wake again
 
     def push(self, job: Job, at_ms: float) -> None:
         """Wake for ``job`` at ``at_ms`` (server ms), replacing its previous entry."""
@@ -71,7 +78,7 @@ class Timer(Generic[Act]):
                 heapq.heappop(heap)
             delay = 3600.0
             if heap:
-                delay = (heap[0][0] - self._clock.now_ms()) / 1000
+                delay = (max(heap[0][0], self._rest_until) - self._clock.now_ms()) / 1000
             if delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
                 # that races with the event being set, and the loop would never stop.
@@ -93,4 +100,7 @@ class Timer(Generic[Act]):
                 popped += 1
             if acts:
                 self._submit(acts)
+            if popped < TIMER_BATCH:
+                # Everything due was handed over; a herd still being drained is not held up.
+                self._rest_until = now + WAKE_SPACING_MS
             await asyncio.sleep(0)  # a herd of due ticks must not starve the event loop
