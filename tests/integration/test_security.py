@@ -235,8 +235,7 @@ def test_the_http_endpoint_listens_on_loopback_unless_configured_otherwise() -> 
         server = HttpServer(where, registry=None, source=None)  # type: ignore[arg-type]
         await server.start()
         try:
-            assert server._server is not None
-            return [s.getsockname()[0] for s in server._server.sockets]
+            return server.addresses
         finally:
             await server.close()
 

@@ -1,9 +1,9 @@
-"""A small HTTP/1.1 server on asyncio streams: /metrics, /healthz, /readyz, /status and a
-read-only status page at /.
+"""The replica's HTTP endpoint on aiohttp: /metrics, /healthz, /readyz, /status and the page at /,
+plus whatever routes the composition mounts (the console).
 
-No framework: five read-only routes do not need one, and every dependency is one more thing to
-patch in a process whose only job is firing ticks on time. One request per connection; request
-heads are bounded in size and time so a slow or hostile client cannot hold resources.
+aiohttp parses requests, bounds their heads (line and field sizes, header count) and closes
+idle keep-alive connections; this module adds the headers every answer carries, the errors a
+person can read, and the status token that guards what shows job specs.
 """
 
 from __future__ import annotations
@@ -11,25 +11,33 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
-from http import HTTPStatus
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
 
 import msgspec
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from hrwcron.adapters.status_page import MAX_LIMIT, PAGE_CSP, render_page
 
 log = logging.getLogger("hrwcron.http")
 
-MAX_HEAD = 16 * 1024
-HEAD_TIMEOUT = 10.0
-WRITE_TIMEOUT = 10.0
+# Bounds on a request head (aiohttp's parser enforces them) and on idle connections.
+MAX_LINE = 8 * 1024
+MAX_FIELD = 8 * 1024
+MAX_HEADERS = 64
+KEEPALIVE_S = 15.0
 DEFAULT_LIMIT = 100
+NOT_FOUND = "not found; try /, /status, /metrics, /healthz or /readyz\n"
+
+# aiohttp logs every malformed request with a traceback at ERROR: a client could fill the
+# replica's log with them. The answer (400) says enough; this logger keeps only the critical.
+_PROTOCOL_LOG = logging.Logger("hrwcron.http.protocol", logging.CRITICAL)
+
+Mount = Callable[[web.Application], None]
+"""Adds routes to the application before it starts (the console's pages, say)."""
 
 
 class StatusSource(Protocol):
@@ -55,48 +63,88 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
-def _limit(query: dict[str, list[str]]) -> int:
-    values = query.get("limit")
+def query_limit(request: web.Request, default: int = DEFAULT_LIMIT, most: int = MAX_LIMIT) -> int:
+    values = request.query.getall("limit", [])
     if not values:
-        return DEFAULT_LIMIT
+        return default
     text = values[-1]
-    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
-        raise BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}, got {text[:40]!r}")
+    if not text.isdigit() or not 1 <= int(text) <= most:
+        raise BadRequest(f"limit must be an integer from 1 to {most}, got {text[:40]!r}")
     return int(text)
 
 
-def _text_param(query: dict[str, list[str]], name: str) -> str:
-    values = query.get(name)
+def query_text(request: web.Request, name: str, longest: int = 1024) -> str:
+    values = request.query.getall(name, [])
     if not values:
         return ""
-    if len(values[-1]) > 1024:
-        raise BadRequest(f"{name} is longer than 1024 characters")
+    if len(values[-1]) > longest:
+        raise BadRequest(f"{name} is longer than {longest} characters")
     return values[-1]
 
 
-class Response:
-    __slots__ = ("body", "headers", "status")
-
-    def __init__(
-        self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
-    ) -> None:
-        self.status = status
-        self.body = body
-        self.headers = {"Content-Type": content_type, **(headers or {})}
-
-
-def _json(status: int, data: Any) -> Response:
+def json_response(status: int, data: Any) -> web.Response:
     # msgspec encodes a status document of 10,000 jobs several times faster than json: the
     # event loop that fires ticks waits for the encoding.
-    return Response(status, msgspec.json.encode(data), "application/json")
+    return web.Response(
+        status=status, body=msgspec.json.encode(data), content_type="application/json"
+    )
 
 
-def _text(status: int, text: str) -> Response:
-    return Response(status, text.encode(), "text/plain; charset=utf-8")
+def text_response(status: int, text: str) -> web.Response:
+    return web.Response(status=status, text=text, content_type="text/plain", charset="utf-8")
 
 
-# What shows job specs and payload previews; the probes and /metrics stay open.
-GUARDED = frozenset({"/", "/status"})
+def token_presented(request: web.BaseRequest, token: str) -> bool:
+    """Whether the request presents ``token``: as a Bearer token, or as the password of HTTP
+    Basic (any user name), which a browser asks for by itself."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, credentials = header.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        given = credentials.strip().encode()
+    elif scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(credentials.strip(), validate=True).partition(b":")[2]
+        except (binascii.Error, ValueError):
+            return False
+    else:
+        return False
+    return hmac.compare_digest(given, token.encode())
+
+
+def page_headers(csp: str) -> dict[str, str]:
+    """What every HTML answer carries: its policy, and no framing or referrers."""
+    return {
+        "Content-Security-Policy": csp,
+        "X-Frame-Options": "DENY",
+        "Referrer-Policy": "no-referrer",
+    }
+
+
+@web.middleware
+async def _plain_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Errors a person can read, and the headers every answer carries."""
+    try:
+        response = await handler(request)
+    except BadRequest as exc:
+        response = json_response(400, {"error": str(exc)})
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        response = text_response(405, f"only {allowed.replace(', ', ' and ')}\n")
+        response.headers["Allow"] = allowed
+    except web.HTTPNotFound:
+        response = text_response(404, NOT_FOUND)
+    except web.HTTPException:
+        raise
+    except (ConnectionError, asyncio.CancelledError):
+        raise
+    except Exception:
+        log.exception("http request %s %s failed", request.method, request.path)
+        response = text_response(500, "internal error; the replica's log says more\n")
+    response.headers.setdefault("Cache-Control", "no-store")
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 class HttpServer:
@@ -109,171 +157,117 @@ class HttpServer:
         registry: CollectorRegistry,
         source: StatusSource,
         status_token: str | None = None,
+        mounts: Sequence[Mount] = (),
+        page: bool = True,
     ) -> None:
         self.host, self.port = parse_listen(listen)
         self._registry = registry
         self._source = source
         self._token = status_token
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
-        self._routes: dict[str, Callable[[dict[str, list[str]]], Awaitable[Response]]] = {
-            "/": self._page,
-            "/metrics": self._metrics,
-            "/healthz": self._healthz,
-            "/readyz": self._readyz,
-            "/status": self._status,
-        }
+        self._mounts = tuple(mounts)
+        self._page_route = page
+        self._runner: web.AppRunner | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @property
+    def addresses(self) -> list[str]:
+        """The addresses the listener is bound to (empty before ``start``)."""
+        if self._runner is None:
+            return []
+        return [str(address[0]) for address in self._runner.addresses]
+
+    def application(self) -> web.Application:
+        app = web.Application(middlewares=[_plain_errors], client_max_size=64 * 1024)
+        if self._page_route:
+            app.router.add_get("/", self._page)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/status", self._status)
+        for mount in self._mounts:
+            mount(app)
+        return app
+
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._handle, self.host, self.port, limit=MAX_HEAD
+        runner = web.AppRunner(
+            self.application(),
+            handle_signals=False,
+            access_log=None,
+            keepalive_timeout=KEEPALIVE_S,
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_FIELD,
+            max_headers=MAX_HEADERS,
+            logger=_PROTOCOL_LOG,
+            shutdown_timeout=1.0,
         )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
         # Port 0 asks the OS for one; report the real one.
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self.port = int(runner.addresses[0][1])
         log.info("http endpoint at %s (/metrics, /healthz, /readyz, /status, /)", self.url)
 
     async def close(self) -> None:
-        if self._server is None:
-            return
-        self._server.close()
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 1.0)
-        self._server = None
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._handlers.add(task)
-        try:
-            response, head_only = await self._respond(reader)
-            await self._write(writer, response, head_only)
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-            pass
-        except Exception:
-            log.exception("http request failed")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-            if task is not None:
-                self._handlers.discard(task)
+    def allowed(self, request: web.BaseRequest) -> bool:
+        """Whether ``request`` may read what the status token guards."""
+        return self._token is None or token_presented(request, self._token)
 
-    async def _respond(self, reader: asyncio.StreamReader) -> tuple[Response, bool]:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-        except asyncio.LimitOverrunError:
-            return _text(431, "request head too large\n"), False
-        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-        parts = request_line.split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            return _text(400, "malformed request line\n"), False
-        method, target, _ = parts
-        if method not in ("GET", "HEAD"):
-            response = _text(405, "only GET and HEAD\n")
-            response.headers["Allow"] = "GET, HEAD"
-            return response, False
-        url = urlsplit(target)
-        route = self._routes.get(url.path)
-        if route is None:
-            return _text(404, "not found; try /, /status, /metrics, /healthz or /readyz\n"), False
-        if url.path in GUARDED and not self._authorized(head):
-            response = _text(401, "the status page needs http.status_token: sign in with it\n")
-            response.headers["WWW-Authenticate"] = 'Basic realm="hrwcron status", charset="UTF-8"'
-            return response, method == "HEAD"
-        try:
-            return await route(parse_qs(url.query)), method == "HEAD"
-        except BadRequest as exc:
-            return _json(400, {"error": str(exc)}), method == "HEAD"
-
-    def _authorized(self, head: bytes) -> bool:
-        """Whether the request presents the status token: as a Bearer token, or as the
-        password of HTTP Basic (any user name), which a browser asks for by itself."""
-        if self._token is None:
-            return True
-        wanted = self._token.encode()
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() != b"authorization":
-                continue
-            scheme, _, credentials = value.strip().partition(b" ")
-            if scheme.lower() == b"bearer":
-                given = credentials.strip()
-            elif scheme.lower() == b"basic":
-                try:
-                    given = base64.b64decode(credentials.strip(), validate=True).partition(b":")[2]
-                except (binascii.Error, ValueError):
-                    return False
-            else:
-                return False
-            return hmac.compare_digest(given, wanted)
-        return False
-
-    async def _write(
-        self, writer: asyncio.StreamWriter, response: Response, head_only: bool
-    ) -> None:
-        reason = HTTPStatus(response.status).phrase
-        headers = {
-            **response.headers,
-            "Content-Length": str(len(response.body)),
-            "Cache-Control": "no-store",
-            "X-Content-Type-Options": "nosniff",
-            "Connection": "close",
-        }
-        lines = [f"HTTP/1.1 {response.status} {reason}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        if not head_only:
-            writer.write(response.body)
-        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+    def refuse(self) -> web.Response:
+        response = text_response(401, "the status page needs http.status_token: sign in with it\n")
+        response.headers["WWW-Authenticate"] = 'Basic realm="hrwcron status", charset="UTF-8"'
+        return response
 
     # --------------------------------------------------------------------------- routes
 
-    async def _metrics(self, query: dict[str, list[str]]) -> Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
         # Rendering a large registry takes a while; a thread keeps the tick loop running.
         body = await asyncio.to_thread(generate_latest, self._registry)
-        return Response(200, body, CONTENT_TYPE_LATEST)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def _healthz(self, query: dict[str, list[str]]) -> Response:
-        return _text(200, "ok\n")
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return text_response(200, "ok\n")
 
-    async def _readyz(self, query: dict[str, list[str]]) -> Response:
+    async def _readyz(self, request: web.Request) -> web.Response:
         reason = self._source.not_ready_reason()
         if reason:
-            return _json(503, {"ready": False, "reason": reason})
-        return _json(200, {"ready": True})
+            return json_response(503, {"ready": False, "reason": reason})
+        return json_response(200, {"ready": True})
 
-    async def _read_status(self, query: dict[str, list[str]], timeline: bool) -> dict[str, Any]:
+    async def _read_status(self, request: web.Request, timeline: bool) -> dict[str, Any]:
+        limit = query_limit(request)
+        prefix = query_text(request, "prefix")
+        after = query_text(request, "after")
         try:
-            return await self._source.status(
-                _limit(query),
-                timeline,
-                prefix=_text_param(query, "prefix"),
-                after=_text_param(query, "after"),
-            )
+            return await self._source.status(limit, timeline, prefix=prefix, after=after)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
 
-    async def _status(self, query: dict[str, list[str]]) -> Response:
-        timeline = query.get("timeline", ["0"])[-1] in ("1", "true", "yes")
-        return _json(200, await self._read_status(query, timeline))
+    async def _status(self, request: web.Request) -> web.Response:
+        if not self.allowed(request):
+            return self.refuse()
+        timeline = request.query.getall("timeline", ["0"])[-1] in ("1", "true", "yes")
+        return json_response(200, await self._read_status(request, timeline))
 
-    async def _page(self, query: dict[str, list[str]]) -> Response:
-        status = await self._read_status(query, True)
-        return Response(
-            200,
-            render_page(status).encode(),
-            "text/html; charset=utf-8",
-            {
-                "Content-Security-Policy": PAGE_CSP,
-                "X-Frame-Options": "DENY",
-                "Referrer-Policy": "no-referrer",
-            },
+    async def _page(self, request: web.Request) -> web.Response:
+        if not self.allowed(request):
+            return self.refuse()
+        status = await self._read_status(request, True)
+        return web.Response(
+            text=render_page(status),
+            content_type="text/html",
+            charset="utf-8",
+            headers=page_headers(PAGE_CSP),
         )
