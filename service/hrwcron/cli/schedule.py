@@ -19,9 +19,10 @@ from hrwcron.cli.request import EXIT_OK, run_admin
 from hrwcron.cli.verb import Verb, arg
 from hrwcron.core.config import config_warnings, load_config, node_id_problem
 from hrwcron.core.errors import InvalidInput, Problem, ScheduleError
+from hrwcron.core.explain import exhausted_note, explain_next, why_fewer
 from hrwcron.core.hrw import rank, weighted_rank
 from hrwcron.core.model import JobSpec, job_name_problem
-from hrwcron.core.plan import SEARCH_BUDGET, SEARCH_HORIZON_MS, TickPlan
+from hrwcron.core.plan import TickPlan
 from hrwcron.process.host import node_id
 
 if TYPE_CHECKING:
@@ -85,58 +86,21 @@ def _plan(spec: JobSpec) -> TickPlan:
 def _print_next(args: argparse.Namespace, spec: JobSpec, runs_left: int | None) -> int:
     plan = _plan(spec)
     at: int = time.time_ns() // 1_000_000 if args.after is None else args.after
-    wanted = args.count if runs_left is None else min(args.count, runs_left)
-    horizon = at + SEARCH_HORIZON_MS
+    found = explain_next(plan, at, args.count, runs_left)
     lines: list[str] = []
-    found = 0
-    exhausted = False
-    # One step per line shown, and the search's bound for the stretches between them.
-    for _ in range(wanted + SEARCH_BUDGET):
-        due = plan.next_after(at) if found < wanted else None
-        if due is None or due > horizon:
-            break
-        exclusion = plan.excluded_by(due)
-        if exclusion is None:
-            lines.append(format_instant(due) + ("  fires" if args.explain else ""))
-            found += 1
-            at = due
-            continue
-        # Step over the whole stretch the exclusion covers, in one line.
-        until = exclusion.covered_until(due)
-        if args.explain:
-            more = plan.next_after(due)
-            tail = (
-                f", and every tick before {format_instant(until)}" if more and more < until else ""
-            )
-            lines.append(f"{format_instant(due)}  excluded by {exclusion.text!r}{tail}")
-        at = max(due, until - 1)
-    else:
-        exhausted = True
+    for tick in found.instants:
+        if tick.fires:
+            lines.append(format_instant(tick.due) + ("  fires" if args.explain else ""))
+        elif args.explain:
+            tail = f", and every tick before {format_instant(tick.until)}" if tick.until else ""
+            lines.append(f"{format_instant(tick.due)}  excluded by {tick.rule!r}{tail}")
     emit(lines)
-    if exhausted:
-        print(
-            f"hrwcron next: {plural(found, 'instant')}: the search stopped after "
-            f"{SEARCH_BUDGET} excluded stretches without deciding whether a further tick fires "
-            f"(the exclusions are too dense); try a later --after than {format_instant(at)}",
-            file=sys.stderr,
-        )
-    elif found < args.count:
-        why = _why_no_more(plan, found, runs_left, searched=due is not None)
+    if found.exhausted:
+        print(f"hrwcron next: {exhausted_note(found, format_instant)}", file=sys.stderr)
+    elif found.found < args.count:
+        why = why_fewer(plan, found, runs_left, format_instant)
         print(f"hrwcron next: {why}", file=sys.stderr)
     return EXIT_OK
-
-
-def _why_no_more(plan: TickPlan, found: int, runs_left: int | None, searched: bool) -> str:
-    shown = plural(found, "instant")
-    if searched:
-        return f"{shown}: the exclusions leave no further tick within the next 100 years"
-    if runs_left is not None and found >= runs_left:
-        return f"{shown}: the job has {plural(runs_left, 'run')} left"
-    if plan.at_ms is not None:
-        return f"{shown}: a one-time schedule is due once, at {format_instant(plan.at_ms)}"
-    if plan.end_ms is not None:
-        return f"{shown}: no tick after the end, {format_instant(plan.end_ms)}"
-    return f"{shown}: the schedule has no further due time"
 
 
 def _next_of_job(args: argparse.Namespace) -> int:
