@@ -4,31 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from hrwcron.cli.bulk import (
-    TOO_DEEP,
-    check_unique,
-    exit_code,
-    print_refusals,
-    refusals,
-    write_with_progress,
-)
+from hrwcron.cli.bulk import TOO_DEEP, apply_specs, check_unique
 from hrwcron.cli.options import CONNECTION, JSON, QUIET
-from hrwcron.cli.output import emit, print_json
-from hrwcron.cli.request import connection_config, counting, progress, run_admin
+from hrwcron.cli.request import connection_config
 from hrwcron.cli.verb import Verb, arg
 from hrwcron.core.config import load_config
 from hrwcron.core.errors import InvalidInput
 from hrwcron.core.model import MAX_PAYLOAD_DEPTH, JobSpec, json_depth
-
-if TYPE_CHECKING:
-    from hrwcron.admin.api import JobOutcome
-    from hrwcron.admin.client import AdminClient
 
 
 def _jobs_from_file(path: str) -> list[JobSpec]:
@@ -56,58 +41,9 @@ def _jobs_from_file(path: str) -> list[JobSpec]:
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
-    from hrwcron.admin.client import ApiJobs
-    from hrwcron.engine.jobsync import diff_jobs
-
     specs = _jobs_from_file(args.file)
     fallback = None if args.file.endswith(".json") else args.file
-    config = connection_config(args, fallback=fallback)
-
-    async def work(admin: AdminClient) -> int:
-        with progress(args, "reading jobs") as bar:
-            store = ApiJobs(admin, progress=counting(bar))
-            now = int(time.time() * 1000)
-            diff = await diff_jobs(store, specs, prune=args.prune, now_ms=now)
-        if not args.json:
-            emit(diff.lines() or ["no changes"])
-        puts = [(spec, 0) for spec in diff.create] + list(diff.update)
-        answers: list[JobOutcome] = []
-        written = False
-        if not diff.empty:
-            answers, written = await write_with_progress(args, admin, puts, diff.delete)
-        puts_answered, deletes_answered = answers[: len(puts)], answers[len(puts) :]
-        if args.json:
-            doc: dict[str, Any] = {
-                "create": [s.name for s in diff.create],
-                "update": [s.name for s, _ in diff.update],
-                "delete": [n for n, _ in diff.delete],
-                "unchanged": diff.unchanged,
-                "expired": [name for name, _ in diff.expired],
-                "dry_run": args.dry_run,
-            }
-            refused = refusals(answers)
-            if refused:
-                doc["refused"] = refused
-            print_json(doc)
-        print_refusals(args, answers, written=written or args.dry_run)
-        if written and not args.json:
-            emit([_applied_line(puts_answered, deletes_answered)])
-        return exit_code(answers)
-
-    return run_admin(args, work, config=config)
-
-
-def _applied_line(puts: Sequence[JobOutcome], deletes: Sequence[JobOutcome]) -> str:
-    counts = {o: 0 for o in ("created", "updated", "deleted")}
-    for answer in (*puts, *deletes):
-        if answer.outcome in counts:
-            counts[answer.outcome] += 1
-    line = (
-        f"applied: {counts['created']} created, {counts['updated']} updated, "
-        f"{counts['deleted']} deleted"
-    )
-    left = len(refusals([*puts, *deletes]))
-    return line + (f"; {left} not applied (listed on stderr)" if left else "")
+    return apply_specs(args, specs, connection_config(args, fallback=fallback))
 
 
 APPLY = Verb(

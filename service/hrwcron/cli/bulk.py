@@ -1,16 +1,25 @@
-"""Many job writes through ``jobs.bulk``, shared by ``jobs put`` with an array and ``apply``:
-writing with a progress bar, ``--atomic`` and ``--dry-run`` checks, and reporting each job's
-answer with the exit code they add up to."""
+"""Many job writes through ``jobs.bulk``, shared by ``jobs put`` with an array, ``apply`` and
+``import --apply``: the diff against the bucket, writing with a progress bar, ``--atomic`` and
+``--dry-run`` checks, and reporting each job's answer with the exit code they add up to."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hrwcron.cli.output import emit, print_json
-from hrwcron.cli.request import EXIT_OK, EXIT_REFUSED, EXIT_SERVER, progress
+from hrwcron.cli.request import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_SERVER,
+    counting,
+    progress,
+    run_admin,
+)
+from hrwcron.core.config import Config
 from hrwcron.core.errors import InvalidInput, Problem
 from hrwcron.core.model import MAX_PAYLOAD_DEPTH, JobSpec
 
@@ -30,6 +39,63 @@ def check_unique(specs: Sequence[JobSpec], path: str) -> None:
         seen.add(spec.name)
     if problems:
         raise InvalidInput(problems)
+
+
+def apply_specs(args: argparse.Namespace, specs: Sequence[JobSpec], config: Config) -> int:
+    """Make the jobs bucket hold ``specs``: print the diff (``+ ~ - =``), then write it through
+    ``jobs.bulk`` as ``--dry-run``, ``--atomic`` and ``--prune`` (when the verb has them) say,
+    and report each job's answer; ``--json`` prints the diff's names and the refusals."""
+    from hrwcron.admin.client import ApiJobs
+    from hrwcron.engine.jobsync import diff_jobs
+
+    prune = getattr(args, "prune", False)
+    dry_run = getattr(args, "dry_run", False)
+
+    async def work(admin: AdminClient) -> int:
+        with progress(args, "reading jobs") as bar:
+            store = ApiJobs(admin, progress=counting(bar))
+            now = int(time.time() * 1000)
+            diff = await diff_jobs(store, specs, prune=prune, now_ms=now)
+        if not args.json:
+            emit(diff.lines() or ["no changes"])
+        puts = [(spec, 0) for spec in diff.create] + list(diff.update)
+        answers: list[JobOutcome] = []
+        written = False
+        if not diff.empty:
+            answers, written = await write_with_progress(args, admin, puts, diff.delete)
+        puts_answered, deletes_answered = answers[: len(puts)], answers[len(puts) :]
+        if args.json:
+            doc: dict[str, Any] = {
+                "create": [s.name for s in diff.create],
+                "update": [s.name for s, _ in diff.update],
+                "delete": [n for n, _ in diff.delete],
+                "unchanged": diff.unchanged,
+                "expired": [name for name, _ in diff.expired],
+                "dry_run": dry_run,
+            }
+            refused = refusals(answers)
+            if refused:
+                doc["refused"] = refused
+            print_json(doc)
+        print_refusals(args, answers, written=written or dry_run)
+        if written and not args.json:
+            emit([_applied_line(puts_answered, deletes_answered)])
+        return exit_code(answers)
+
+    return run_admin(args, work, config=config)
+
+
+def _applied_line(puts: Sequence[JobOutcome], deletes: Sequence[JobOutcome]) -> str:
+    counts = {o: 0 for o in ("created", "updated", "deleted")}
+    for answer in (*puts, *deletes):
+        if answer.outcome in counts:
+            counts[answer.outcome] += 1
+    line = (
+        f"applied: {counts['created']} created, {counts['updated']} updated, "
+        f"{counts['deleted']} deleted"
+    )
+    left = len(refusals([*puts, *deletes]))
+    return line + (f"; {left} not applied (listed on stderr)" if left else "")
 
 
 async def write_with_progress(
