@@ -38,6 +38,7 @@ from hrwcron.engine.flight import (
     TAKEOVER,
     Batch,
     Flight,
+    cloudevents_headers,
     trigger_writes,
 )
 from hrwcron.engine.jobs import HeldClaim, Job
@@ -109,6 +110,7 @@ class Dispatcher:
         self._s = host
         self._settings = settings
         self.node = settings.node_id
+        self._cloudevents = cloudevents_headers(settings.cloudevents_source)
         self.instance = instance
         self.claims = claims
         self._triggers = triggers
@@ -449,7 +451,7 @@ class Dispatcher:
     async def _send_publishes(self, flights: list[Flight], batch: Batch) -> None:
         if not flights:
             return
-        writes = trigger_writes(flights, self.node, self._clock.now_ms())
+        writes = trigger_writes(flights, self.node, self._clock.now_ms(), self._cloudevents)
         await self._send(flights, batch, PUBLISH, self._triggers.publish_many(writes))
 
     async def _send(

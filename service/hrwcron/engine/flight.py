@@ -4,12 +4,22 @@ the trigger messages a round of publishes sends."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
+from hrwcron.core import events
 from hrwcron.core.model import ClaimRecord, TriggerMessage, encode
 from hrwcron.core.ticks import TickId, format_ms
 from hrwcron.engine.jobs import Job
 from hrwcron.engine.ports import (
+    HEADER_CE_DATACONTENTTYPE,
+    HEADER_CE_ID,
+    HEADER_CE_SOURCE,
+    HEADER_CE_SPECVERSION,
+    HEADER_CE_SUBJECT,
+    HEADER_CE_TIME,
+    HEADER_CE_TYPE,
+    HEADER_CONTENT_TYPE,
     HEADER_DUE,
     HEADER_JOB,
     HEADER_KIND,
@@ -108,9 +118,32 @@ class Batch:
         self.event.set()
 
 
-def trigger_writes(flights: list[Flight], node: str, now_ms: float) -> list[TriggerWrite]:
+def cloudevents_headers(source: str) -> dict[str, str] | None:
+    """The CloudEvents headers every trigger of a deployment shares, worked out once; None
+    (no CloudEvents headers) for an empty ``source``."""
+    if not source:
+        return None
+    return {
+        HEADER_CE_SPECVERSION: events.SPECVERSION,
+        HEADER_CE_TYPE: events.EVENT_TYPE,
+        HEADER_CE_SOURCE: events.header_value(source),
+        HEADER_CE_DATACONTENTTYPE: events.DATA_CONTENT_TYPE,
+        HEADER_CONTENT_TYPE: events.DATA_CONTENT_TYPE,
+    }
+
+
+def trigger_writes(
+    flights: list[Flight],
+    node: str,
+    now_ms: float,
+    cloudevents: Mapping[str, str] | None = None,
+) -> list[TriggerWrite]:
     """The trigger messages of a round of publishes, each fenced on its subject's last
-    sequence; a traced flight's publish step starts here and rides in the headers."""
+    sequence; a traced flight's publish step starts here and rides in the headers. With
+    ``cloudevents`` (see :func:`cloudevents_headers`) each is a CloudEvent too: its id the tick
+    key, its time the due instant, its subject the job. None of the three needs escaping (job
+    names, tick keys and instants are printable ASCII without space, quote or percent), so a
+    tick costs three strings it already has."""
     writes: list[TriggerWrite] = []
     fired_at = format_ms(int(now_ms))
     for flight in flights:
@@ -125,6 +158,11 @@ def trigger_writes(flights: list[Flight], node: str, now_ms: float) -> list[Trig
         }
         if flight.run is not None:
             headers[HEADER_RUN] = str(flight.run)
+        if cloudevents is not None:
+            headers.update(cloudevents)
+            headers[HEADER_CE_ID] = flight.msg_id
+            headers[HEADER_CE_TIME] = due
+            headers[HEADER_CE_SUBJECT] = job.spec.name
         if flight.span is not None:
             flight.step_span = flight.span.start_child(
                 f"publish {job.subject}",

@@ -22,6 +22,17 @@ HEADER_KIND = "Hrwcron-Kind"
 # The run number of a job with max_runs: scheduled triggers published so far, this one
 # included; manual and backfill triggers carry it forward (see runcount.py).
 HEADER_RUN = "Hrwcron-Run"
+# CloudEvents attributes, binary mode of the NATS protocol binding (scheduler.cloudevents):
+# ``ce-`` plus the attribute's name. Content-Type is not the binding's (it names
+# datacontenttype ce-datacontenttype) but HTTP's, which SDKs without a NATS binding read.
+HEADER_CE_SPECVERSION = "ce-specversion"
+HEADER_CE_ID = "ce-id"
+HEADER_CE_SOURCE = "ce-source"
+HEADER_CE_TYPE = "ce-type"
+HEADER_CE_TIME = "ce-time"
+HEADER_CE_SUBJECT = "ce-subject"
+HEADER_CE_DATACONTENTTYPE = "ce-datacontenttype"
+HEADER_CONTENT_TYPE = "content-type"
 
 
 class FenceConflict(Exception):

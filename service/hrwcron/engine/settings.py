@@ -24,3 +24,5 @@ class Settings:
     jobs_watch_check: float = 10.0
     # How long a batch of claims or triggers waits for its answers before they count as errors.
     write_timeout: float = 5.0
+    # Triggers carry CloudEvents headers with this source; empty: they carry none.
+    cloudevents_source: str = ""

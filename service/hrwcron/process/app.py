@@ -78,6 +78,7 @@ def settings(config: Config) -> Settings:
         max_in_flight=s.max_in_flight,
         shutdown_timeout=s.shutdown_timeout,
         http_address=config.http.listen,
+        cloudevents_source=s.events_source,
     )
 
 

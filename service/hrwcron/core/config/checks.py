@@ -26,6 +26,7 @@ from hrwcron.core.config.settings import (
 )
 from hrwcron.core.config.values import Collector
 from hrwcron.core.errors import Problem
+from hrwcron.core.events import source_problem
 from hrwcron.core.model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE, JobSpec
 
 # Same alphabet as job tags: a member's tags are matched against them.
@@ -174,6 +175,10 @@ def check_scheduler(s: SchedulerConfig, c: Collector) -> None:
             "scheduler.subject_prefix",
             f"{s.subject_prefix[:80]!r}: at most 8 tokens and 255 characters",
         )
+    if s.cloudevents_source and c.readable("scheduler.cloudevents_source"):
+        bad_source = source_problem(s.cloudevents_source)
+        if bad_source:
+            c.add("scheduler.cloudevents_source", bad_source)
 
 
 def check_http(h: HttpConfig, c: Collector) -> None:
@@ -262,6 +267,13 @@ def config_warnings(config: Config) -> list[Problem]:
                 f"plus a trigger's envelope ({TRIGGER_ENVELOPE} bytes) is more than "
                 f"nats-server's default max_payload ({NATS_DEFAULT_MAX_PAYLOAD} bytes): a "
                 "replica refuses to start unless the server's max_payload is raised to match",
+            )
+        )
+    if s.cloudevents_source and not s.cloudevents:
+        found.append(
+            Problem(
+                "scheduler.cloudevents_source",
+                "is set but scheduler.cloudevents is off: triggers carry no CloudEvents headers",
             )
         )
     return found

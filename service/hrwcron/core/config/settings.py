@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from hrwcron.core.errors import ConfigError, Problem
+from hrwcron.core.events import default_source
 from hrwcron.core.model import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_SUBJECT_PREFIX,
@@ -159,10 +160,22 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     shutdown_timeout: float = 5.0
     max_in_flight: int = 512
     per_job_metrics: bool = True
+    # CloudEvents headers on every trigger (binary mode of the NATS binding); off, a trigger
+    # carries none and costs nothing more.
+    cloudevents: bool = False
+    # Their ce-source; empty: derived from subject_prefix (see events_source).
+    cloudevents_source: str = ""
 
     @property
     def stream_subjects(self) -> str:
         return f"{self.subject_prefix}.>"
+
+    @property
+    def events_source(self) -> str:
+        """The ce-source triggers carry, empty when CloudEvents headers are off."""
+        if not self.cloudevents:
+            return ""
+        return self.cloudevents_source or default_source(self.subject_prefix)
 
     @property
     def marks_subject(self) -> str:
