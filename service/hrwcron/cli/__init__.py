@@ -26,7 +26,7 @@ from hrwcron.cli.output import format_instant
 from hrwcron.cli.provision import PROVISION
 from hrwcron.cli.request import ask
 from hrwcron.cli.run import DEV, RUN
-from hrwcron.cli.schedule import CHECK_CONFIG, NEXT, OWNER
+from hrwcron.cli.schedule import CHECK_CONFIG, HASH_PASSWORD, NEXT, OWNER
 from hrwcron.cli.verb import Handler, Verb, add_args
 from hrwcron.core.config import ConfigFileError
 from hrwcron.core.errors import InvalidInput
@@ -51,6 +51,7 @@ VERBS: tuple[Verb, ...] = (
     HISTORY,
     APPLY,
     PROVISION,
+    HASH_PASSWORD,
 )
 
 

@@ -1,4 +1,5 @@
-"""The verbs that need no cluster (except ``next JOB``): ``next``, ``owner`` and ``check-config``.
+"""The verbs that need no cluster (except ``next JOB``): ``next``, ``owner``, ``check-config`` and
+``hash-password``.
 
 They report bad input by raising :class:`~hrwcron.core.errors.InvalidInput` and compute
 everything before they print, so a failing command leaves stdout empty.
@@ -7,6 +8,7 @@ everything before they print, so a failing command leaves stdout empty.
 from __future__ import annotations
 
 import argparse
+import getpass
 import math
 import os
 import sys
@@ -22,6 +24,7 @@ from hrwcron.core.errors import InvalidInput, Problem, ScheduleError
 from hrwcron.core.explain import exhausted_note, explain_next, why_fewer
 from hrwcron.core.hrw import rank, weighted_rank
 from hrwcron.core.model import JobSpec, job_name_problem
+from hrwcron.core.passwords import hash_password
 from hrwcron.core.plan import TickPlan
 from hrwcron.process.host import node_id
 
@@ -277,4 +280,36 @@ CHECK_CONFIG = Verb(
         arg("--no-env", action="store_true", help="ignore HRWCRON_* environment variables"),
     ),
     run=_cmd_check_config,
+)
+
+
+def _cmd_hash_password(args: argparse.Namespace) -> int:
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            raise InvalidInput("the two passwords differ", "password")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if len(password) < 8:
+        raise InvalidInput("must be at least 8 characters", "password")
+    encoded = hash_password(password)
+    emit([f"{args.user}:{encoded}" if args.user else encoded])
+    return EXIT_OK
+
+
+HASH_PASSWORD = Verb(
+    "hash-password",
+    help="hash a console user's password for http.users",
+    description=(
+        "Read a password (asked twice on a terminal, else the first line of stdin) and print "
+        "its scrypt hash, or NAME:HASH with --user: one entry of http.users, the console's "
+        "users who may act on jobs. The password itself is never printed or stored."
+    ),
+    epilog=(
+        "example:\n"
+        "  hrwcron hash-password --user alice\n"
+        '  # then in the replica\'s config: [http] users = ["alice:scrypt$..."]'
+    ),
+    args=(arg("--user", metavar="NAME", help="print NAME:HASH, ready for http.users"),),
+    run=_cmd_hash_password,
 )

@@ -5,6 +5,7 @@ work but are fragile."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from urllib.parse import urlsplit
@@ -28,6 +29,7 @@ from hrwcron.core.config.values import Collector
 from hrwcron.core.errors import Problem
 from hrwcron.core.events import source_problem
 from hrwcron.core.model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE, JobSpec
+from hrwcron.core.passwords import hash_problem
 
 # Same alphabet as job tags: a member's tags are matched against them.
 _TAG = re.compile(r"[A-Za-z0-9_.:=-]{1,64}")
@@ -184,6 +186,7 @@ def check_scheduler(s: SchedulerConfig, c: Collector) -> None:
 def check_http(h: HttpConfig, c: Collector) -> None:
     if h.status_token is not None and len(h.status_token) < 16:
         c.add("http.status_token", "must be at least 16 characters (e.g. openssl rand -hex 16)")
+    check_console_users(h, c)
     if not h.listen:
         return
     host, colon, port = h.listen.rpartition(":")
@@ -277,3 +280,39 @@ def config_warnings(config: Config) -> list[Problem]:
             )
         )
     return found
+
+
+_USER_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
+
+
+def check_console_users(h: HttpConfig, c: Collector) -> None:
+    """The console's sign-in: users as NAME:HASH (the hash is never quoted), and a trusted
+    header only together with the proxies allowed to set it."""
+    if not c.readable("http.users"):
+        return
+    seen: set[str] = set()
+    for i, entry in enumerate(h.users):
+        name, colon, encoded = entry.partition(":")
+        where = f"http.users[{i}]"
+        if not colon or not _USER_NAME.fullmatch(name):
+            c.add(where, "expected NAME:HASH, NAME 1-64 letters, digits, '_', '.', '@' or '-'")
+            continue
+        if name in seen:
+            c.add(where, f"user {name!r} is listed twice")
+        seen.add(name)
+        problem = hash_problem(encoded)
+        if problem:
+            c.add(where, f"the hash of {name!r} {problem}")
+    if h.trusted_header and not _HEADER_NAME.fullmatch(h.trusted_header):
+        c.add("http.trusted_header", "must be a header name such as X-Forwarded-User")
+    if h.trusted_header and not h.trusted_proxies:
+        c.add(
+            "http.trusted_header",
+            "needs http.trusted_proxies: the addresses of the proxies allowed to set it",
+        )
+    for i, address in enumerate(h.trusted_proxies):
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            c.add(f"http.trusted_proxies[{i}]", f"{address[:80]!r} is not an IP address")

@@ -185,18 +185,26 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
 
 
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Health, metrics and status endpoint; an empty ``listen`` disables it. With
-    ``status_token`` set, the status page and ``/status`` (job specs and payload previews)
-    answer only a request that presents it (HTTP Basic password or Bearer token); probes and
-    ``/metrics`` stay open."""
+    """Health, metrics, status and the console; an empty ``listen`` disables it. With
+    ``status_token`` set, the console and ``/status`` (job specs and payload previews) answer
+    only a request that presents it (HTTP Basic password or Bearer token) or a signed-in
+    user; probes and ``/metrics`` stay open.
+
+    The console acts (pause, resume, trigger, backfill, delete) only for a signed-in user:
+    one of ``users`` (``NAME:HASH``, the hash from ``hrwcron hash-password``), or whoever a
+    reverse proxy at one of ``trusted_proxies`` names in the ``trusted_header``."""
 
     listen: str = "127.0.0.1:9464"
     status_token: str | None = None
+    users: list[str] = msgspec.field(default_factory=list)
+    trusted_header: str = ""
+    trusted_proxies: list[str] = msgspec.field(default_factory=list)
 
     def redacted(self) -> dict[str, Any]:
         data: dict[str, Any] = msgspec.structs.asdict(self)
         if data["status_token"] is not None:
             data["status_token"] = MASK
+        data["users"] = [f"{user.partition(':')[0]}:{MASK}" for user in self.users]
         return data
 
     def __repr__(self) -> str:
@@ -276,6 +284,6 @@ DURATIONS: dict[str, tuple[str, ...]] = {
     "telemetry": (),
     "jobs": ("max_lateness", "jitter", "delete_after"),
 }
-SECRET_PATHS = frozenset([*(f"nats.{k}" for k in _SECRET_KEYS), "http.status_token"])
+SECRET_PATHS = frozenset([*(f"nats.{k}" for k in _SECRET_KEYS), "http.status_token", "http.users"])
 FILE_KEYS = ("creds", "nkey_seed", "tls_ca", "tls_cert", "tls_key")
 BUCKET_KEYS = ("members_bucket", "claims_bucket", "jobs_bucket", "runs_bucket", "counts_bucket")
