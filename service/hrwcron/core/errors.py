@@ -64,6 +64,11 @@ class ConfigError(InvalidInput):
     """A configuration file or environment variable that cannot be used."""
 
 
+class ImportSourceError(InvalidInput):
+    """A crontab or Kubernetes manifest that cannot become job specs as it is: every problem
+    names its file and line, and all of them are reported at once."""
+
+
 class RequestError(InvalidInput):
     """A malformed or refused admin API request."""
 

@@ -62,6 +62,13 @@ def job_name_problem(name: object) -> str | None:
     return None
 
 
+def tag_problem(tag: object) -> str | None:
+    """Why ``tag`` is not a valid tag, or None when it is."""
+    if isinstance(tag, str) and _TAG.fullmatch(tag):
+        return None
+    return "a tag is 1-64 of letters, digits, _ . : = -"
+
+
 def subject_problem(subject: str, prefix: str) -> str | None:
     shown = repr(subject[:80]) + ("..." if len(subject) > 80 else "")
     if len(subject) > MAX_SUBJECT_LENGTH:
@@ -233,8 +240,9 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
             if bad:
                 found.append(Problem("subject", bad))
         for i, tag in enumerate(self.tags):
-            if not isinstance(tag, str) or not _TAG.fullmatch(tag):
-                found.append(Problem(f"tags[{i}]", "a tag is 1-64 of letters, digits, _ . : = -"))
+            bad_tag = tag_problem(tag)
+            if bad_tag:
+                found.append(Problem(f"tags[{i}]", bad_tag))
         if len(self.description) > 1024:
             found.append(Problem("description", "at most 1024 characters"))
         depth = json_depth(self.payload)
