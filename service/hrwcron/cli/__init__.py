@@ -21,6 +21,7 @@ from typing import TypeAlias
 from hrwcron import __version__
 from hrwcron.cli.apply import APPLY
 from hrwcron.cli.cluster import BACKFILL, HISTORY, STATUS, TRIGGER
+from hrwcron.cli.importing import IMPORT
 from hrwcron.cli.jobs import JOBS
 from hrwcron.cli.output import format_instant
 from hrwcron.cli.provision import PROVISION
@@ -50,6 +51,7 @@ VERBS: tuple[Verb, ...] = (
     STATUS,
     HISTORY,
     APPLY,
+    IMPORT,
     PROVISION,
     HASH_PASSWORD,
 )
