@@ -101,7 +101,7 @@ def test_a_cronjob_without_a_name_spec_or_known_api_version_is_refused() -> None
     assert found == [
         "f0.yaml:1: CronJob: apiVersion 'batch/v2': CronJobs are read as batch/v1",
         "f0.yaml:1: CronJob: spec is missing or not a mapping",
-        "f0.yaml:3: CronJob: metadata.name is missing",
+        "f0.yaml:3: CronJob: metadata.name is missing or not a string",
     ]
 
 
@@ -238,6 +238,11 @@ def test_a_cronjob_without_a_zone_is_in_the_controllers() -> None:
     assert spec.tz == "America/Chicago" and spec.max_lateness == 60.0 and spec.overlap == "allow"
 
 
+def test_a_job_template_with_keys_json_cannot_hold_is_refused_at_its_line() -> None:
+    [problem] = problems(cronjob(jobTemplate="{null: x, true: y}"))
+    assert problem.startswith("f0.yaml:8: CronJob ns/job: spec.jobTemplate is not JSON: ")
+
+
 def test_yaml_values_become_the_json_they_stand_for() -> None:
     [spec] = read(cronjob(jobTemplate="{when: 2026-01-01, raw: !!binary aGk=, n: 1.5}")).specs
     assert spec.payload["jobTemplate"] == {"when": "2026-01-01", "raw": "aGk=", "n": 1.5}
@@ -262,3 +267,10 @@ def test_yaml_values_become_the_json_they_stand_for() -> None:
 )
 def test_a_schedule_reads_as_the_controller_reads_it(schedule: str, expected: str) -> None:
     assert cronjob_schedule(schedule) == expected
+
+
+@pytest.mark.parametrize("policy", ["[1, 2]", "{a: b}", "5", "forbid"])
+def test_a_concurrency_policy_of_another_shape_is_refused(policy: str) -> None:
+    [problem] = problems(cronjob(concurrencyPolicy=policy))
+    assert problem.startswith("f0.yaml:9: CronJob ns/job: concurrencyPolicy ")
+    assert "is not Allow, Forbid or Replace" in problem

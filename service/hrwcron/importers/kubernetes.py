@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import yaml
 
 from hrwcron.core.errors import HrwcronError, Problem, ScheduleError
@@ -210,7 +211,7 @@ def _object(
             )
         )
     if not isinstance(name, str) or not name:
-        found.append((_line(node, "metadata"), "metadata.name is missing"))
+        found.append((_line(node, "metadata"), "metadata.name is missing or not a string"))
     spec = obj.get("spec")
     fields: dict[str, Any] = {}
     if isinstance(spec, dict):
@@ -220,14 +221,19 @@ def _object(
     labels = meta.get("labels")
     if options.labels_as_tags and isinstance(labels, dict):
         fields["tags"] = _tags(node, labels, found)
+    if isinstance(spec, dict):
+        payload = {"namespace": namespace, "cronjob": name, "jobTemplate": spec.get("jobTemplate")}
+        try:
+            fields["payload"] = plain_json(payload)
+        except (TypeError, msgspec.EncodeError) as exc:  # a key JSON has no place for
+            found.append(
+                (_line(node, "spec", "jobTemplate"), f"spec.jobTemplate is not JSON: {exc}")
+            )
     who = f"CronJob {namespace}/{name}" if isinstance(name, str) and name else "CronJob"
     found.sort(key=lambda problem: problem[0])
     report.problems += [Problem(f"{source}:{line}", f"{who}: {why}") for line, why in found]
     if found or not isinstance(spec, dict):
         return
-    fields["payload"] = plain_json(
-        {"namespace": namespace, "cronjob": name, "jobTemplate": spec.get("jobTemplate")}
-    )
     lines = {
         key: f"{source}:{_line(node, *path)}"
         for key, path in _FIELD_PATHS.items()
@@ -287,7 +293,7 @@ def _fields(
                 "runs overlap (Allow)",
             )
         )
-    elif policy not in _POLICIES:
+    elif not isinstance(policy, str) or policy not in _POLICIES:
         found.append(
             (
                 at("concurrencyPolicy"),
