@@ -58,7 +58,7 @@ def goal_rows(r: CurveResult | None) -> list[tuple[str, str, str]]:
     if r is None or not r.hrwcron:
         return []
     best = r.sustained()
-    ok = "yes" if best >= TARGET_RATE else "no"
+    ok = "yes" if best >= TARGET_RATE else "**no**"
     return [
         (
             f"curve: ≥ {TARGET_RATE:,} spread ticks/s with p99 < {TARGET_P99_MS:g} ms, none lost",
