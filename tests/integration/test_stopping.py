@@ -114,14 +114,20 @@ def test_a_replica_on_a_server_without_jetstream_exits_with_a_clear_error(
     tmp_path: Path,
 ) -> None:
     """As after a cluster lost power, when the server answers but JetStream does not (yet): the
-    replica cannot start, says why in one line and exits non-zero for its supervisor."""
+    replica retries for startup_timeout, saying so once, then says why in one line and exits
+    non-zero for its supervisor."""
     server = NatsServer(base_dir=tmp_path / "n", jetstream=False).start()
     try:
-        proc = replica(server.url, "nojs", tmp_path / "nojs.log")
+        proc = replica(
+            server.url, "nojs", tmp_path / "nojs.log", HRWCRON_SCHEDULER_STARTUP_TIMEOUT="3s"
+        )
         with proc:
             assert proc.wait(DEADLINE) == 1, proc.output()[-2000:]
         output = proc.output()
-        assert "could not start: NATS did not serve JetStream" in output, output[-2000:]
+        gave_up = "could not start: NATS did not serve JetStream within 3 s ("
+        assert gave_up in output, output[-2000:]
+        assert output.count("start-up: JetStream is not serving yet") == 1, output[-2000:]
+        assert len([line for line in output.splitlines() if " ERROR " in line]) == 1
         assert "Traceback" not in output
     finally:
         server.cleanup()

@@ -198,6 +198,11 @@ class Membership:
         self.view.replace_all(await self._members.snapshot())
         self._view_ok = self._clock.monotonic()
 
+    @property
+    def registered(self) -> bool:
+        """Whether this replica's member key was created: only then is leaving its to do."""
+        return self._revision > 0
+
     async def leave(self) -> None:
         await self._members.deregister(self.node)
 

@@ -277,7 +277,21 @@ class Scheduler:
             log.error("%s crashed: %r", task.get_name(), task.exception())
 
     async def start(self) -> None:
-        """Join the membership and start every loop; returns once the replica is running."""
+        """Join the membership and start every loop; returns once the replica is running.
+        A start that fails stops every loop it began and leaves the membership again, so the
+        process can try again from nothing (a start-up retry, see process/startup.py)."""
+        try:
+            await self._start()
+        except BaseException:
+            await _cancel_all(list(self._tasks), 1.0)
+            if self._membership.registered:
+                # Left, or the next attempt waits a member TTL for this one's key to expire;
+                # never a key this replica did not create (a live replica's, same node id).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._membership.leave(), timeout=0.5)
+            raise
+
+    async def _start(self) -> None:
         gc.freeze()  # what the process set up so far stays too: no full collection walks it
         membership = self._membership
         await membership.join()
@@ -447,4 +461,5 @@ async def _wait_event(event: asyncio.Event, timeout: float, what: str) -> None:
     try:
         await asyncio.wait_for(event.wait(), timeout)
     except TimeoutError:
-        raise HrwcronError(f"timed out after {timeout:g} s loading the {what}") from None
+        # The store's answer, not a fault of this replica: start-up may try again.
+        raise StoreUnavailable(f"timed out after {timeout:g} s loading the {what}") from None

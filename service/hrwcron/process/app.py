@@ -38,6 +38,7 @@ from hrwcron.engine.jobsync import apply_at_start
 from hrwcron.engine.ports import NullObserver, Observer, StoreUnavailable
 from hrwcron.engine.scheduler import Scheduler, Settings
 from hrwcron.process.host import node_id as node_id
+from hrwcron.process.startup import refused, start_with_retries
 
 log = logging.getLogger("hrwcron.app")
 
@@ -106,6 +107,7 @@ class Stores:
     triggers: JetStreamTriggers
     counts: JetStreamCounts
     marks: NatsMarks
+    hooks: ConnectionHooks = field(default_factory=ConnectionHooks)
 
 
 async def open_stores(config: Config, *, provision_missing: bool = True) -> Stores:
@@ -123,6 +125,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
             await provision(js, shape, longest_lateness=longest)
         return Stores(
             client=client,
+            hooks=hooks,
             members=JetStreamMembers(
                 js, await js.key_value(shape.members_bucket), shape.members_bucket
             ),
@@ -144,8 +147,11 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
                 js, await js.key_value(shape.counts_bucket), shape.counts_bucket
             ),
         )
-    except BaseException:
+    except BaseException as exc:
         await client.close()
+        problem = refused(exc, hooks.refused)
+        if problem is not None:
+            raise problem from exc
         raise
 
 
@@ -200,21 +206,38 @@ async def _apply_config_jobs(stores: Stores, config: Config) -> None:
 async def start_replica(
     config: Config, env: Mapping[str, str], observer: Observer | None = None
 ) -> Replica:
+    """Connect, provision, load and join. What an election answers (no responders, not ready,
+    timeouts) is tried again from a fresh connection, for up to ``scheduler.startup_timeout``;
+    a misconfiguration ends the start at once (see startup.py)."""
+    clock = Clock()
+    telemetry = observer if isinstance(observer, Telemetry) else None
+    if observer is None:
+        telemetry = Telemetry.from_config(
+            config,
+            node=node_id(config),
+            env=env,
+            now_ms=clock.now_ms,
+            monotonic=clock.monotonic,
+        )
+    return await start_with_retries(
+        lambda: _start_once(config, env, observer, clock, telemetry),
+        bound_s=config.scheduler.startup_timeout,
+    )
+
+
+async def _start_once(
+    config: Config,
+    env: Mapping[str, str],
+    observer: Observer | None,
+    clock: Clock,
+    telemetry: Telemetry | None,
+) -> Replica:
+    """One attempt; whatever it fails on, it leaves no connection, listener or task behind."""
     stores = await open_stores(config)
     http: HttpServer | None = None
     try:
         if config.scheduler.apply_jobs and config.jobs:
             await _apply_config_jobs(stores, config)
-        clock = Clock()
-        telemetry = observer if isinstance(observer, Telemetry) else None
-        if observer is None:
-            telemetry = Telemetry.from_config(
-                config,
-                node=node_id(config),
-                env=env,
-                now_ms=clock.now_ms,
-                monotonic=clock.monotonic,
-            )
         if telemetry is not None:
             telemetry.track_nats(stores.client)
         scheduler = Scheduler(
@@ -261,10 +284,13 @@ async def start_replica(
         except BaseException:
             await scheduler.stop()
             raise
-    except BaseException:
+    except BaseException as exc:
         if http is not None:
             await http.close()
         await stores.client.close()
+        problem = refused(exc, stores.hooks.refused)
+        if problem is not None:
+            raise problem from exc
         raise
     log.info("replica %s started (instance %s)", scheduler.node, scheduler.instance)
     return Replica(config, stores, scheduler, admin=admin, telemetry=telemetry, http=http)
@@ -276,9 +302,10 @@ CONNECTION_CHECK_S = 0.25
 
 async def serve(config: Config, env: Mapping[str, str]) -> int:
     """Run one replica until SIGTERM or SIGINT; returns the process exit code: 0 after a
-    signal, 1 when it could not start, hit a fatal error or lost its connection for good (a
-    supervisor should restart it). A signal stops it within ``shutdown_timeout`` plus a
-    second in every phase: while connecting, loading, running or after losing NATS."""
+    signal, 1 when it could not start (a misconfiguration, or JetStream not serving for
+    ``startup_timeout``), hit a fatal error or lost its connection for good (a supervisor
+    should restart it). A signal stops it within ``shutdown_timeout`` plus a second in every
+    phase: while connecting, retrying, loading, running or after losing NATS."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -300,11 +327,11 @@ async def serve(config: Config, env: Mapping[str, str]) -> int:
     try:
         replica = starting.result()
     except HrwcronError as exc:
-        log.error("%s", exc)
+        log.error("could not start: %s", exc)
         return 1
     except (NatsError, StoreUnavailable, TimeoutError) as exc:
-        # A server up but not serving JetStream yet (a cluster electing its leaders after an
-        # outage) or not at all: the supervisor's restart is the retry.
+        # What start-up does not retry because it describes the account or the cluster
+        # (JetStream not enabled for the account, say).
         log.error(
             "could not start: NATS did not serve JetStream (%s: %s); is JetStream enabled "
             "and its cluster up?",

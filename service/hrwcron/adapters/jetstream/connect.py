@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import time
@@ -52,9 +53,25 @@ class ErrorLog:
 @dataclass
 class ConnectionHooks:
     """Called when the connection drops, before reconnecting: writes waiting for an answer
-    on the old connection will never get one."""
+    on the old connection will never get one. ``refused`` keeps the server's permission
+    violations: a request refused for want of permission gets no answer, only a timeout,
+    and start-up must not mistake that for an election."""
 
     disconnected: list[Callable[[], None]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+# What nats-server says when it refuses a request for want of permission, and when it refuses
+# the credentials themselves.
+PERMISSIONS_VIOLATION = "permissions violation"
+AUTHORIZATION_VIOLATION = "authorization violation"
+# The newest few refusals are kept; one names the subject, which is all a reader needs.
+REFUSALS_KEPT = 8
+
+
+class _CredentialsRefused(Exception):
+    """Raised from the error callback to end nats-py's first connect: it would otherwise
+    retry refused credentials forever."""
 
 
 def tls_context(options: NatsConfig) -> ssl.SSLContext | None:
@@ -80,9 +97,15 @@ async def connect(
     are logged every few seconds with a count, not once per attempt."""
     client = Client()
     errors = ErrorLog()
+    connecting = True
 
     async def on_error(exc: Exception) -> None:
-        errors.error(str(exc) or type(exc).__name__)
+        text = str(exc) or type(exc).__name__
+        if connecting and AUTHORIZATION_VIOLATION in text.lower():
+            raise _CredentialsRefused(text)
+        if hooks is not None and PERMISSIONS_VIOLATION in text.lower():
+            hooks.refused[:] = [*hooks.refused[-(REFUSALS_KEPT - 1) :], text]
+        errors.error(text)
         if not client.is_connected:
             # nats-py reads this option before every attempt: the way to back off with it.
             wait = float(client.options.get("reconnect_time_wait", FIRST_RETRY_S))
@@ -130,12 +153,21 @@ async def connect(
     if context is not None:
         kwargs["tls"] = context
         kwargs["tls_handshake_first"] = options.tls_handshake_first
+    servers = ", ".join(redact_url(s) for s in options.servers)
     try:
         await client.connect(**kwargs)
+    except _CredentialsRefused as exc:
+        with contextlib.suppress(Exception):
+            await client.close()
+        raise NatsSetupError(
+            f"NATS at {servers} refused this replica's credentials ({exc}): check nats.user "
+            "and password, token, creds or nkey_seed"
+        ) from None
     except Exception as exc:
-        servers = ", ".join(redact_url(s) for s in options.servers)
         reason = f"{type(exc).__name__}: {exc}"
         raise NatsSetupError(f"cannot connect to NATS at {servers}: {reason}") from None
+    finally:
+        connecting = False
     client.options["reconnect_time_wait"] = FIRST_RETRY_S
     try:
         check_server_version(client.connected_server_version)

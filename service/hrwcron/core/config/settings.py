@@ -158,6 +158,9 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     stream_max_age: float = 86400.0
     apply_jobs: bool = True
     shutdown_timeout: float = 5.0
+    # How long start-up retries what an election or a booting cluster answers (no responders,
+    # temporarily unavailable, timeouts) before it gives up; longer than a JetStream election.
+    startup_timeout: float = 60.0
     max_in_flight: int = 512
     per_job_metrics: bool = True
     # CloudEvents headers on every trigger (binary mode of the NATS binding); off, a trigger
@@ -279,6 +282,7 @@ DURATIONS: dict[str, tuple[str, ...]] = {
         "duplicate_window",
         "stream_max_age",
         "shutdown_timeout",
+        "startup_timeout",
     ),
     "http": (),
     "telemetry": (),
