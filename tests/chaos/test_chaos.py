@@ -33,6 +33,7 @@ from nats.errors import Error as NatsError
 from harness import NatsCluster, NatsServer, wait_for_async
 from harness.ackjournal import find_lost_acks
 from harness.chaos import MISSING, ReplicaFleet, now_ms
+from harness.evidence import tracebacks
 from harness.power import SYNC_ALWAYS, PowerCluster, fuse_unavailable
 from hrwcron.core.model import Heartbeat, JobSpec
 from hrwcron.process.app import Stores, open_stores
@@ -206,7 +207,8 @@ async def test_bounded_chaos(tmp_path: Path) -> None:
         done = {f.kind for f in w.faults}
         assert done >= {PAUSE, PARTITION, NATS_LEADER, KILL, CHURN, GRACEFUL, NATS_KILL, ROLLING}
         assert POISON in done
-        assert replicas_lost(w) == [], w.fleet.dump_logs()
+        lost = replicas_lost(w)
+        assert lost == [], "\n".join(lost) + "\n\n" + tracebacks_in_full(w)
         modes = {f.detail.split()[0] for f in w.faults if f.kind == PARTITION}
         assert modes == set(PARTITION_MODES)
         assert verdict.ticks > 500  # enough ticks that a lost or doubled one would show
@@ -214,23 +216,34 @@ async def test_bounded_chaos(tmp_path: Path) -> None:
 
 def replicas_lost(world: World) -> list[str]:
     """Log lines of replicas that went down on their own (a connection closed for good, a
-    crash) rather than by a fault's hand."""
+    crash) rather than by a fault's hand: a traceback as the record that logged it, the
+    exception raised and what it was raised from (``<-``)."""
     lost = []
+    for node, text in _replica_logs(world):
+        lost += [f"{node}: {line}" for line in text.splitlines() if "closed for good" in line]
+        lost += [f"{node}: {found.summary()}" for found in tracebacks(text)]
+    return lost
+
+
+def tracebacks_in_full(world: World, most_lines: int = 80) -> str:
+    """Every replica traceback as logged, for a failure message."""
+    parts = []
+    for node, text in _replica_logs(world):
+        for found in tracebacks(text):
+            lines = found.text.splitlines()
+            shown = "\n".join(lines[:most_lines])
+            more = f"\n... {len(lines) - most_lines} more lines" if len(lines) > most_lines else ""
+            parts.append(f"----- {node}: {found.logged}\n{shown}{more}")
+    return "\n".join(parts)
+
+
+def _replica_logs(world: World) -> list[tuple[str, str]]:
+    found = []
     for node in world.fleet.nodes:
         path = world.fleet.log_dir / f"{node}.log"
-        if not path.exists():
-            continue
-        lines = path.read_text(errors="replace").splitlines()
-        for at, line in enumerate(lines):
-            if "closed for good" in line:
-                lost.append(f"{node}: {line}")
-            elif "Traceback" in line:
-                # The log line before the traceback says who logged it; the first unindented
-                # line after it is the exception: both are what a reader of the report needs.
-                before = lines[at - 1] if at else ""
-                raised = next((x for x in lines[at + 1 :] if x and not x[0].isspace()), "")
-                lost.append(f"{node}: {before} | {line} | {raised}")
-    return lost
+        if path.exists():
+            found.append((node, path.read_text(errors="replace")))
+    return found
 
 
 # --- make test: clocks -------------------------------------------------------------------------
@@ -479,7 +492,7 @@ async def test_long_chaos(
             assert verdict.ok, run.explain(verdict)
             assert not schedule.errors, schedule.errors
             lost = replicas_lost(run.world)
-            assert not lost, "\n".join(lost)
+            assert not lost, "\n".join(lost) + "\n\n" + tracebacks_in_full(run.world)
 
     await asyncio.wait_for(scenario(), chaos_warmup + chaos_duration + 1_200)
 
