@@ -45,6 +45,9 @@ def test_cronjobs_from_several_files_print_with_notes_on_stderr(
     assert "prod.db-backup" in names and "default.release-nightly-jobs-quarter" in names
     assert err.splitlines() == [
         f"hrwcron import: note: {files[0]}:58: skipped Service web (not a CronJob)",
+        f"hrwcron import: note: {files[0]}:123: CronJob billing/invoices: "
+        "startingDeadlineSeconds 3600: replicas take a max_lateness up to their "
+        "scheduler.duplicate_window (600 s unless set)",
         f"hrwcron import: note: {files[1]}:27: skipped ConfigMap release-nightly-jobs "
         "(not a CronJob)",
     ]

@@ -233,6 +233,18 @@ def test_the_fields_of_a_cronjob_map_to_the_job() -> None:
     assert spec.payload == {"namespace": "ns", "cronjob": "job", "jobTemplate": {"spec": {}}}
 
 
+def test_a_deadline_beyond_the_default_duplicate_window_is_imported_with_a_note() -> None:
+    report = read(cronjob(startingDeadlineSeconds="3600"))
+    [spec] = report.specs
+    assert spec.max_lateness == 3600.0
+    [note] = report.notes
+    assert (
+        note.where == "f0.yaml:9"
+        and "scheduler.duplicate_window (600 s unless set)" in note.message
+    )
+    assert read(cronjob(startingDeadlineSeconds="600")).notes == []
+
+
 def test_a_cronjob_without_a_zone_is_in_the_controllers() -> None:
     [spec] = read(cronjob(), tz="America/Chicago").specs
     assert spec.tz == "America/Chicago" and spec.max_lateness == 60.0 and spec.overlap == "allow"

@@ -249,7 +249,8 @@ def test_each_cronjob_imports_to_the_instants_the_controller_starts_it_at(
     assert report.problems == []
     objects = cronjobs(data.decode())
     assert len(report.specs) == len(objects) >= 2
-    assert [n.message for n in report.notes] == [f"skipped {s} (not a CronJob)" for s in skipped]
+    skips = [n.message for n in report.notes if n.message.startswith("skipped")]
+    assert skips == [f"skipped {s} (not a CronJob)" for s in skipped]
     for spec, obj in zip(report.specs, objects, strict=True):
         meta, cj = obj["metadata"], obj["spec"]
         what = f"{meta['name']} {cj['schedule']}"

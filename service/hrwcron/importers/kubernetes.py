@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from hrwcron.core.config import SchedulerConfig
 from hrwcron.core.errors import HrwcronError, Problem, ScheduleError
 from hrwcron.core.model import DEFAULT_MAX_LATENESS, tag_problem, tz_problem
 from hrwcron.importers.common import (
@@ -41,6 +42,8 @@ MAX_EXPANDED_NODES = 1_000_000
 _API_VERSIONS = ("batch/v1", "batch/v1beta1")
 _DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 _POLICIES = {"Allow": "allow", "Forbid": "skip"}
+# A replica refuses a job whose lateness window outlasts the trigger stream's deduplication.
+_DUPLICATE_WINDOW = SchedulerConfig().duplicate_window
 # Where in a CronJob each job field comes from, to report a problem with it at its line.
 _FIELD_PATHS = {
     "schedule": ("spec", "schedule"),
@@ -203,6 +206,7 @@ def _object(
         )
         return
     found: list[tuple[int, str]] = []
+    notes: list[tuple[int, str]] = []
     if obj.get("apiVersion") not in _API_VERSIONS:
         found.append(
             (
@@ -215,7 +219,7 @@ def _object(
     spec = obj.get("spec")
     fields: dict[str, Any] = {}
     if isinstance(spec, dict):
-        fields = _fields(node, spec, options, found)
+        fields = _fields(node, spec, options, found, notes)
     else:
         found.append((_line(node, "spec"), "spec is missing or not a mapping"))
     labels = meta.get("labels")
@@ -232,6 +236,7 @@ def _object(
     who = f"CronJob {namespace}/{name}" if isinstance(name, str) and name else "CronJob"
     found.sort(key=lambda problem: problem[0])
     report.problems += [Problem(f"{source}:{line}", f"{who}: {why}") for line, why in found]
+    report.notes += [Problem(f"{source}:{line}", f"{who}: {why}") for line, why in notes]
     if found or not isinstance(spec, dict):
         return
     lines = {
@@ -259,9 +264,11 @@ def _fields(
     spec: dict[str, Any],
     options: KubernetesOptions,
     found: list[tuple[int, str]],
+    notes: list[tuple[int, str]],
 ) -> dict[str, Any]:
     """The job's fields from the CronJob's spec; what cannot be expressed goes to ``found``
-    with the line of its field."""
+    and what the replicas may refuse with their settings to ``notes``, each with the line of
+    its field."""
 
     def at(key: str) -> int:
         return _line(node, "spec", key)
@@ -307,6 +314,14 @@ def _fields(
         fields["max_lateness"] = DEFAULT_MAX_LATENESS
     elif isinstance(deadline, int) and not isinstance(deadline, bool) and 0 < deadline <= 86_400:
         fields["max_lateness"] = float(deadline)
+        if deadline > _DUPLICATE_WINDOW:
+            notes.append(
+                (
+                    at("startingDeadlineSeconds"),
+                    f"startingDeadlineSeconds {deadline}: replicas take a max_lateness up to "
+                    f"their scheduler.duplicate_window ({_DUPLICATE_WINDOW:g} s unless set)",
+                )
+            )
     else:
         found.append(
             (
