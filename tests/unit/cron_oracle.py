@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import cache
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -157,7 +158,8 @@ def vixie_instants(reading: Reading, zone: str, start_ms: int, end_ms: int) -> l
     return sorted(t for t in found if start_ms < t <= end_ms)
 
 
-def transitions(zone: str, year: int) -> list[int]:
+@cache
+def transitions(zone: str, year: int) -> tuple[int, ...]:
     """The instants (ms) at which ``zone``'s UTC offset changes during ``year``."""
     tz = ZoneInfo(zone)
     t = datetime(year, 1, 1, tzinfo=UTC)
@@ -170,4 +172,4 @@ def transitions(zone: str, year: int) -> list[int]:
         if now != before:
             found.append(_ms(t))
         before = now
-    return found
+    return tuple(found)
