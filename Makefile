@@ -17,7 +17,7 @@ WARMUP ?= 0
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$((n * 2)))
 PYTEST_PARALLEL := -n $(JOBS) --dist worksteal
 
-.PHONY: run test check lint fmt bench bench-full chaos clean venv system-deps
+.PHONY: run test check lint fmt bench bench-full chaos clean venv system-deps js-worker
 
 venv: $(STAMP)
 
@@ -75,8 +75,22 @@ system-deps:
 	  fi; \
 	fi
 
+# The JavaScript worker example's packages, pinned by its package-lock.json, for its test. Best
+# effort and without root: where npm is missing or the install fails, that test skips, saying why.
+JS_WORKER := examples/js-worker
+JS_STAMP := $(JS_WORKER)/node_modules/.installed
+js-worker: $(JS_STAMP)
+
+$(JS_STAMP): $(JS_WORKER)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm ci --prefix $(JS_WORKER) --no-audit --no-fund --loglevel=error && touch $@ \
+	    || echo "note: npm ci in $(JS_WORKER) failed; the JavaScript worker's test will skip"; \
+	else \
+	  echo "note: no npm; the JavaScript worker's test will skip"; \
+	fi
+
 # Everything CI runs: lint, then the whole suite in parallel, with the slowest tests listed.
-test: lint system-deps
+test: lint system-deps $(JS_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
 # The inner loop: lint, the unit tests and the contract tests on the in-memory stores, no
@@ -94,4 +108,4 @@ chaos: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) --chaos-sync=$(SYNC) --chaos-warmup=$(WARMUP) tests/chaos
 
 clean:
-	rm -rf $(VENV) build *.egg-info service/*.egg-info
+	rm -rf $(VENV) build *.egg-info service/*.egg-info $(JS_WORKER)/node_modules
