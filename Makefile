@@ -47,7 +47,8 @@ fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench
 	$(BIN)/ruff check --fix service tests bench
 
-# Debian packages some tests use (libfaketime for clock skew, chromium for the status page,
+# Debian packages some tests use (libfaketime for clock skew, chromium and chromium-driver for the
+# console in a real browser,
 # promtool from prometheus for the alert rules, fuse3 for the power-loss filesystem of the chaos
 # suite). Best effort: without root or apt the tests that need them skip with a reason. Only
 # promtool is taken from the prometheus package, unpacked into /usr/local/bin: installing the
@@ -58,6 +59,7 @@ system-deps:
 	  missing=""; \
 	  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || missing="$$missing libfaketime"; \
 	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	  command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	  ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so' || missing="$$missing fuse3"; \
 	  promtool=""; command -v promtool >/dev/null 2>&1 || promtool=yes; \
 	  if [ -n "$$missing$$promtool" ]; then apt-get update -qq >/dev/null 2>&1; fi; \

@@ -411,7 +411,10 @@ async def test_the_status_page_answers_with_thousands_of_jobs_and_the_evil_ones_
                 assert sum(timeline["members"]["p0"]) >= 100, timeline
 
                 code, page = await aget(f"{base}/")
-                assert code == 200 and b"evil.excl" in page
+                assert code == 200 and b'id="timeline"' in page
+                code, page = await aget(f"{base}/jobs?state=bad")
+                assert code == 200
+                assert all(f">{name}</a>".encode() in page for name in EVIL), page[-2000:]
 
                 reply = await admin.full_status()
                 assert {j.name for j in reply.jobs} == names

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -20,6 +21,7 @@ from nats.js.errors import NoKeysError
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import NatsServer, wait_for_async
+from hrwcron import __version__
 from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
 from hrwcron.core.errors import HrwcronError
 from hrwcron.core.model import JobSpec
@@ -189,7 +191,32 @@ async def test_readyz_follows_the_nats_server(nats_server: NatsServer) -> None:
         await replica.stop()
 
 
-async def test_status_page_in_chromium_shows_the_run_and_stays_inert(
+async def dump_dom(url: str, profile: Path) -> str:
+    """The DOM headless Chromium builds for ``url``, after its scripts ran."""
+    process = await asyncio.create_subprocess_exec(
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--dump-dom",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, err.decode()[-2000:]
+    return out.decode()
+
+
+async def test_the_console_in_chromium_shows_the_run_and_stays_inert(
     two_replicas: list[Replica], tmp_path: Path
 ) -> None:
     if not os.access(CHROMIUM, os.X_OK):
@@ -205,36 +232,23 @@ async def test_status_page_in_chromium_shows_the_run_and_stays_inert(
 
     await wait_for_async(status_complete, timeout=60, message="both members live, jobs fired")
     assert first.http is not None
-    process = await asyncio.create_subprocess_exec(
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        "--dump-dom",
-        first.http.url + "/",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), timeout=120)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    dom = out.decode()
-    assert process.returncode == 0, err.decode()[-2000:]
-    assert "<title>hrwcron obs-a</title>" in dom  # the hostile script would have renamed it
-    assert "<pwned-img" not in dom and "<pwned-script" not in dom
-    assert "<script" not in dom  # neither ours (there is none) nor theirs
-    assert "&lt;script&gt;document.title='pwned'" in dom  # shown, as text
-    members = dom[dom.index('id="members"') : dom.index("</table>", dom.index('id="members"'))]
+    fleet = await dump_dom(first.http.url + "/", tmp_path / "chromium")
+    assert "<title>fleet · hrwcron obs-a</title>" in fleet
+    members = fleet[
+        fleet.index('id="members"') : fleet.index("</table>", fleet.index('id="members"'))
+    ]
     assert "obs-a" in members and "obs-b" in members
-    jobs = dom[dom.index('id="jobs"') :]
+    assert 'id="timeline"' in fleet
+    for path in ("/jobs", "/jobs/obs.hostile"):
+        dom = await dump_dom(first.http.url + path, tmp_path / "chromium")
+        assert "pwned" not in dom.split("<title>")[1].split("</title>")[0]  # not renamed
+        assert "<pwned-img" not in dom and "<pwned-script" not in dom
+        # The one script is the console's own, from the package; theirs is text.
+        ours = f'<script src="/static/console.js?v={__version__}" defer="">'
+        assert re.findall(r"<script[^>]*>", dom) == [ours]
+        assert "&lt;script&gt;document.title='pwned'" in dom
+    jobs = await dump_dom(first.http.url + "/jobs", tmp_path / "chromium")
     assert "obs.every" in jobs and "obs.hostile" in jobs
-    assert 'id="timeline"' in dom
 
 
 async def test_a_taken_http_port_stops_the_start_before_joining(nats_server: NatsServer) -> None:

@@ -154,7 +154,8 @@ async def test_replicas_fire_over_tls_with_credentials_and_never_show_them(
 
         for proc in procs:
             base = proc.wait_for_log(HTTP_AT, DEADLINE).group(1)
-            for path in ("/status", "/status?timeline=1", "/metrics", "/readyz", "/"):
+            pages = ("/", "/jobs", "/jobs/sealed", "/login")
+            for path in ("/status", "/status?timeline=1", "/metrics", "/readyz", *pages):
                 code, body = http_get(base + path)
                 assert code == 200, (path, code, body[:300])
                 assert_no_secret(f"{path} of pid {proc.pid}", body)

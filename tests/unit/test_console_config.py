@@ -80,3 +80,23 @@ def test_a_trusted_header_needs_the_proxies_that_may_set_it() -> None:
         },
     )
     assert config.http.trusted_proxies == ["127.0.0.1", "::1"]
+
+
+def test_hash_password_prints_an_entry_for_http_users(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from hrwcron.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("correct horse battery\n"))
+    assert main(["hash-password", "--user", "alice"]) == 0
+    out, _ = capsys.readouterr()
+    name, _, encoded = out.strip().partition(":")
+    assert name == "alice" and verify_password(encoded, "correct horse battery")
+    assert "correct horse" not in out
+    config = load_config(None, {"HRWCRON_HTTP_USERS": out.strip()})
+    assert config.http.users == [out.strip()]
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    assert main(["hash-password"]) == 2
+    assert "at least 8 characters" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The replica's HTTP endpoint on aiohttp: /metrics, /healthz, /readyz, /status and the page at /,
-plus whatever routes the composition mounts (the console).
+"""The replica's HTTP endpoint on aiohttp: /metrics, /healthz, /readyz and /status, plus the
+routes the composition mounts (the console's pages, at /).
 
 aiohttp parses requests, bounds their heads (line and field sizes, header count) and closes
 idle keep-alive connections; this module adds the headers every answer carries, the errors a
@@ -20,8 +20,6 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from hrwcron.adapters.status_page import MAX_LIMIT, PAGE_CSP, render_page
-
 log = logging.getLogger("hrwcron.http")
 
 # Bounds on a request head (aiohttp's parser enforces them) and on idle connections.
@@ -30,7 +28,9 @@ MAX_FIELD = 8 * 1024
 MAX_HEADERS = 64
 KEEPALIVE_S = 15.0
 DEFAULT_LIMIT = 100
-NOT_FOUND = "not found; try /, /status, /metrics, /healthz or /readyz\n"
+# The most jobs one /status lists (its ``next`` leads to the following ones).
+MAX_LIMIT = 10_000
+NOT_FOUND = "not found; try /, /jobs, /status, /metrics, /healthz or /readyz\n"
 
 # aiohttp logs every malformed request with a traceback at ERROR: a client could fill the
 # replica's log with them. The answer (400) says enough; this logger keeps only the critical.
@@ -158,14 +158,12 @@ class HttpServer:
         source: StatusSource,
         status_token: str | None = None,
         mounts: Sequence[Mount] = (),
-        page: bool = True,
     ) -> None:
         self.host, self.port = parse_listen(listen)
         self._registry = registry
         self._source = source
         self._token = status_token
         self._mounts = tuple(mounts)
-        self._page_route = page
         self._runner: web.AppRunner | None = None
 
     @property
@@ -182,8 +180,6 @@ class HttpServer:
 
     def application(self) -> web.Application:
         app = web.Application(middlewares=[_plain_errors], client_max_size=64 * 1024)
-        if self._page_route:
-            app.router.add_get("/", self._page)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -202,7 +198,9 @@ class HttpServer:
             max_field_size=MAX_FIELD,
             max_headers=MAX_HEADERS,
             logger=_PROTOCOL_LOG,
-            shutdown_timeout=1.0,
+            # Requests still running get this long once the listener closed (a replica's stop
+            # gives the endpoint half a second).
+            shutdown_timeout=0.25,
         )
         await runner.setup()
         try:
@@ -226,7 +224,7 @@ class HttpServer:
         return self._token is None or token_presented(request, self._token)
 
     def refuse(self) -> web.Response:
-        response = text_response(401, "the status page needs http.status_token: sign in with it\n")
+        response = text_response(401, "/status needs http.status_token: present it\n")
         response.headers["WWW-Authenticate"] = 'Basic realm="hrwcron status", charset="UTF-8"'
         return response
 
@@ -260,14 +258,3 @@ class HttpServer:
             return self.refuse()
         timeline = request.query.getall("timeline", ["0"])[-1] in ("1", "true", "yes")
         return json_response(200, await self._read_status(request, timeline))
-
-    async def _page(self, request: web.Request) -> web.Response:
-        if not self.allowed(request):
-            return self.refuse()
-        status = await self._read_status(request, True)
-        return web.Response(
-            text=render_page(status),
-            content_type="text/html",
-            charset="utf-8",
-            headers=page_headers(PAGE_CSP),
-        )

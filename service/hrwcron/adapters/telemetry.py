@@ -44,6 +44,7 @@ from hrwcron.adapters.metrics import (
     OwnerChanges,
     TickCounts,
 )
+from hrwcron.adapters.tick_log import TickLog
 from hrwcron.adapters.tracing import OtelTickSpan, tracer_provider_from_env
 from hrwcron.core.config import Config
 from hrwcron.core.model import HRW_SCHEME
@@ -121,6 +122,7 @@ class Telemetry:
         self.fired: dict[str, Fired] = {}
         self.seen: dict[str, Seen] = {}
         self.bad_jobs: dict[str, str] = {}
+        self.tick_log = TickLog()  # recent troubles and lateness, for the console
         self.feed_is_live = False
         self._mismatch_since: float | None = None
         self._mismatch_warned = False
@@ -292,6 +294,7 @@ class Telemetry:
         lateness_ms: float | None,
     ) -> None:
         self.ticks.count(job, outcome)
+        self.tick_log.note(job, outcome, due_ms, lateness_ms, self.now_ms())
         if lateness_ms is not None:
             self.lateness.observe(max(0.0, lateness_ms) / 1000)
         if outcome == "started":

@@ -109,6 +109,18 @@ class AdminService(JobVerbs, RunVerbs):
             await self._service.stop()
             self._service = None
 
+    async def call(self, verb: str, data: bytes) -> msgspec.Struct:
+        """One request in this process, decoded, served and refused exactly as one over NATS
+        (the console acts through it); raises ApiError with the reply's code and message."""
+        try:
+            try:
+                parsed = decode_request(data, REQUEST_TYPES[verb])
+            except RequestProblem as exc:
+                raise bad(exc.field, exc.message) from None
+            return await self._handlers[verb](parsed)
+        except Exception as exc:
+            raise self._error(verb, exc) from None
+
     # ------------------------------------------------------------------------- plumbing
 
     def _endpoint(self, verb: str, handler: Handler) -> Callable[[Request], Awaitable[None]]:

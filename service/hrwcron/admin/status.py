@@ -125,6 +125,15 @@ class ReplicaStatus:
             doc["timeline"] = await self._timeline(now)
         return doc
 
+    async def job_rows(self, names: list[str]) -> list[dict[str, Any]]:
+        """The status document's entries for ``names``, their newest triggers read first;
+        names no longer loaded are left out."""
+        await self.scheduler.refresh_last(names)
+        return await self._jobs(names)
+
+    def members(self) -> list[dict[str, Any]]:
+        return self._members()
+
     def _members(self) -> list[dict[str, Any]]:
         s = self.scheduler
         live = set(self.telemetry.live)
@@ -145,6 +154,7 @@ class ReplicaStatus:
                     "jobs": hb.jobs,
                     "version": hb.version,
                     "started": format_ms(hb.started_ms) if hb.started_ms else "",
+                    "offset_ms": hb.offset_ms,
                 }
             )
         return out

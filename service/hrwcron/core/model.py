@@ -350,6 +350,9 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     ready: bool = True
     reason: str = ""
     http: str = ""
+    # The NATS server's clock minus this replica's, as it estimates it: known only to itself,
+    # announced so that every member's console can show it.
+    offset_ms: float = 0.0
     v: int = SCHEMA_VERSION
 
 

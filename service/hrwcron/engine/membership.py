@@ -188,6 +188,7 @@ class Membership:
             ready=self.ready,
             reason=self.not_ready_reason,
             http=self.settings.http_address,
+            offset_ms=round(self._clock.offset_ms, 1),
         )
 
     async def join(self) -> None:

@@ -29,6 +29,8 @@ from hrwcron.adapters.jetstream.triggers import JetStreamTriggers
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.service import AdminService
 from hrwcron.admin.status import ReplicaStatus
+from hrwcron.console import Console
+from hrwcron.console.auth import Auth, parse_users
 from hrwcron.core.config import Config
 from hrwcron.core.errors import HrwcronError, NatsSetupError
 from hrwcron.core.model import DEFAULT_MAX_LATENESS, TRIGGER_ENVELOPE
@@ -93,6 +95,25 @@ def check_max_payload(job_payload: int, server_payload: int) -> None:
             f"max_payload ({server_payload} bytes); lower scheduler.max_payload to at most "
             f"{max(0, server_payload - TRIGGER_ENVELOPE)} or raise max_payload in nats-server"
         )
+
+
+def console(
+    config: Config,
+    scheduler: Scheduler,
+    status: ReplicaStatus,
+    telemetry: Telemetry,
+    admin: AdminService,
+) -> Console:
+    """The pages on the HTTP endpoint; they act through ``admin``, as the CLI does."""
+    h = config.http
+    auth = Auth(
+        users=parse_users(h.users),
+        status_token=h.status_token,
+        trusted_header=h.trusted_header,
+        trusted_proxies=h.trusted_proxies,
+        clock=scheduler.clock.monotonic,
+    )
+    return Console(scheduler, status, telemetry, admin, auth)
 
 
 @dataclass
@@ -253,6 +274,14 @@ async def _start_once(
             clock=clock,
             failpoints=Failpoints(env),
         )
+        admin = AdminService(
+            stores.client,
+            scheduler,
+            stores.jobs,
+            stores.triggers,
+            duplicate_window=config.scheduler.duplicate_window,
+            on_refused_reply=telemetry.refused_replies.inc if telemetry is not None else None,
+        )
         if telemetry is not None and config.http.listen:
             # Up before the scheduler starts, so probes see "not ready" rather than nothing.
             client = stores.client
@@ -262,6 +291,7 @@ async def _start_once(
                 registry=telemetry.registry,
                 source=source,
                 status_token=config.http.status_token,
+                mounts=[console(config, scheduler, source, telemetry, admin).mount],
             )
             try:
                 await http.start()
@@ -271,14 +301,6 @@ async def _start_once(
         await scheduler.start()
         if telemetry is not None:
             telemetry.history_loaded()
-        admin = AdminService(
-            stores.client,
-            scheduler,
-            stores.jobs,
-            stores.triggers,
-            duplicate_window=config.scheduler.duplicate_window,
-            on_refused_reply=telemetry.refused_replies.inc if telemetry is not None else None,
-        )
         try:
             await admin.start()
         except BaseException:

@@ -77,7 +77,7 @@ class DevRun:
             )
             print(
                 f"replica scheduler-{index}: pid {self.children[-1].pid}, "
-                f"http://127.0.0.1:{port}/ (metrics, readyz, status page)",
+                f"http://127.0.0.1:{port}/ (metrics, readyz, console)",
                 flush=True,
             )
 
