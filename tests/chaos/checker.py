@@ -1,10 +1,11 @@
 """The verdict on a chaos run: every (job, due) of a time window checked against the trigger
 stream, a summary table, and an exit status for scripts.
 
-The checking itself is :func:`harness.chaos.find_violations` (missing, duplicated, early by the
-server's clock, late beyond ``max_lateness``, out of order per job, stray Msg-Ids); this module
-adds what a long run needs around it: how many ticks were checked, lateness figures, a table a
-person can read, and a command line for a stream that is still on a server::
+The checking itself is :func:`harness.audit.find_violations` (missing, duplicated, early by the
+server's clock, late beyond ``max_lateness``, out of order per job, stray Msg-Ids, and ticks
+the job's window, exclusions or ``max_runs`` rule out, all read from the job's own plan); this
+module adds what a long run needs around it: how many ticks were checked, lateness figures, a
+table a person can read, and a command line for a stream that is still on a server::
 
     python tests/chaos/checker.py --nats nats://127.0.0.1:4222 --since -10m --until -1m
 
@@ -34,7 +35,9 @@ import nats
 from nats.aio.client import Client
 from nats.js.errors import NoKeysError
 
+from harness import wait_for_async
 from harness.ackjournal import ACK_LOST, Ack, find_lost_acks
+from harness.audit import EXCLUDED, OUTSIDE, RUNS, due_instants, expected_dues, first_copies
 from harness.chaos import (
     DEFAULT_PREFIX,
     DEFAULT_STREAM,
@@ -47,13 +50,12 @@ from harness.chaos import (
     Trigger,
     TriggerLog,
     Violation,
-    due_instants,
     find_violations,
 )
 from hrwcron.core.model import JobSpec, decode_job
 from hrwcron.core.schedule import jitter_ms
 
-KINDS = (MISSING, DUPLICATED, EARLY, LATE, OUT_OF_ORDER, STRAY, ACK_LOST)
+KINDS = (MISSING, DUPLICATED, EARLY, LATE, OUT_OF_ORDER, STRAY, OUTSIDE, EXCLUDED, RUNS, ACK_LOST)
 EARLY_TOLERANCE_MS = 50.0
 # A replica decides before publishing that a tick is still within its lateness window; the
 # server stores it a round trip later. Lateness is judged with the same tolerance as earliness.
@@ -141,7 +143,9 @@ def check(
     specs = list(jobs)
     violations = find_violations(triggers, specs, window, early_tolerance_ms=early_tolerance_ms)
     start, end = window
-    ticks = sum(len(due_instants(spec, start, end)) for spec in specs)
+    ticks = sum(
+        len(expected_dues(spec, first_copies(triggers, spec.name), window)) for spec in specs
+    )
     jitter = {spec.name: jitter_ms(spec.name, spec.jitter) for spec in specs}
     deadline = {spec.name: jitter[spec.name] + spec.max_lateness_ms for spec in specs}
     stored: dict[tuple[str, int], float] = {}
@@ -228,12 +232,35 @@ async def check_stream(
     acks: Iterable[Ack] = (),
 ) -> Verdict:
     """Wait until every job's ticks up to the window's end are settled in the stream (a job's
-    ticks are published in due order, so one at or after the end settles the earlier ones; a
-    job that cannot get there is judged anyway and shows as missing), then check."""
+    ticks are published in due order, so its last tick of the window settles the earlier ones;
+    a job whose window closed, whose one time has passed or whose runs are used up has nothing
+    more to wait for; a job that cannot get there is judged anyway and shows as missing), then
+    check."""
     specs = list(jobs)
     log = TriggerLog(client, stream=stream, subject_prefix=subject_prefix)
+    last = {spec.name: (due_instants(spec, window[0], window[1]) or [None])[-1] for spec in specs}
+
+    def settled(spec: JobSpec) -> bool:
+        due = last[spec.name]
+        if due is None:
+            return True
+        runs = first_copies(log.triggers, spec.name)
+        if spec.max_runs is not None and len(runs) >= spec.max_runs:
+            return True
+        return (log.newest_due(spec.name) or 0) >= due
+
+    async def covered() -> bool:
+        await log.read(timeout=10)
+        return all(settled(spec) for spec in specs)
+
     try:
-        await log.wait_covered(specs, window[1], timeout=settle_timeout)
+        await wait_for_async(
+            covered,
+            timeout=settle_timeout,
+            interval=0.2,
+            message=f"triggers of {len(specs)} jobs settled up to {window[1]:.0f}",
+            ignore=(TimeoutError, nats.errors.Error),
+        )
     except AssertionError:
         await log.read()
     return check(log.triggers, specs, window, acks=acks)

@@ -73,6 +73,7 @@ from .faults import (
     rolling_upgrade,
     write_clock,
 )
+from .jobmix import chaos_jobs, describe
 from .power import POWER_KINDS, make_power_fault
 
 BOUNDED_SEED = 7
@@ -85,21 +86,6 @@ BOUNDED = Timings(duplicate_window=60.0, max_lateness=15.0)
 # must outlast that, or the ticks due meanwhile are missed by design (fail closed).
 LONG = Timings(duplicate_window=60.0, max_lateness=30.0)
 REPORTS = Path(__file__).resolve().parent / "reports"
-
-
-def chaos_jobs(t: Timings) -> list[JobSpec]:
-    """Every-second jobs (most ticks per second of run), 6-field cron with seconds, and jittered
-    ones; catch-up ``all`` everywhere, so every due tick of the window must be in the stream."""
-    late = t.max_lateness
-    jobs = [JobSpec(name=f"sec{i:02d}", schedule="@every 1s", max_lateness=late) for i in range(10)]
-    jobs += [
-        JobSpec(name=f"cron.even{i}", schedule="*/2 * * * * *", max_lateness=late) for i in range(3)
-    ]
-    jobs += [
-        JobSpec(name=f"jit{i}", schedule="@every 3s", jitter=0.8, max_lateness=late)
-        for i in range(2)
-    ]
-    return jobs
 
 
 @dataclass
@@ -126,10 +112,16 @@ class Run:
 
 @contextlib.asynccontextmanager
 async def chaos_world(
-    tmp_path: Path, timings: Timings, *, faketime: bool, power_sync: str | None = None
+    tmp_path: Path,
+    timings: Timings,
+    *,
+    faketime: bool,
+    power_sync: str | None = None,
+    span_s: float = 120.0,
 ) -> AsyncIterator[Run]:
     """With ``power_sync`` (``always``, ``default``), every NATS node's store is on a powerfs
-    mount with that sync_interval, and the replicas keep an ack journal."""
+    mount with that sync_interval, and the replicas keep an ack journal. The jobs' windows and
+    one-time instants are spread over ``span_s``, about how long the run lasts."""
     cluster: NatsCluster
     if power_sync is None:
         cluster = NatsCluster(3, base_dir=tmp_path / "cluster", no_advertise=True)
@@ -141,7 +133,7 @@ async def chaos_world(
     stores: Stores | None = None
     try:
         stores = await open_stores(world.fleet.config())  # R3 buckets and stream, as replicas
-        jobs = chaos_jobs(timings)
+        jobs = chaos_jobs(timings, now_ms(), span_s)
         for job in jobs:
             # A just-created replicated bucket answers once its stream has elected a leader.
             await wait_for_async(
@@ -164,6 +156,7 @@ async def chaos_world(
 
 
 @pytest.mark.cluster
+@pytest.mark.timeout(240)  # the script's long pause alone outlasts the 60 s duplicate window
 async def test_bounded_chaos(tmp_path: Path) -> None:
     rng = random.Random(BOUNDED_SEED)
     async with chaos_world(tmp_path, BOUNDED, faketime=False) as run:
@@ -395,8 +388,7 @@ def write_report(
         f"Run on {dt.datetime.now(dt.UTC):%Y-%m-%d} ({platform.machine()}, "
         f"{elapsed / 60:.1f} min wall clock): a 3-node JetStream cluster, "
         f"{run.world.replicas} replicas plus {run.world.spares} spares that come and go, "
-        f"{len(run.jobs)} jobs (10 every second, 3 six-field cron every 2 s, 2 every 3 s with "
-        f"jitter), max_lateness {LONG.max_lateness:g} s, duplicate_window "
+        f"{describe(run.jobs)}, max_lateness {LONG.max_lateness:g} s, duplicate_window "
         f"{LONG.duplicate_window:g} s, member_ttl {LONG.member_ttl:g} s, claim_lease "
         f"{LONG.claim_lease:g} s. Replay with "
         f"`make chaos SEED={seed} DURATION={duration:g}{replay}`.",
@@ -461,7 +453,10 @@ async def test_long_chaos(
     makers = {} if no_power else dict.fromkeys(POWER_KINDS, make_power_fault)
 
     async def scenario() -> None:
-        async with chaos_world(tmp_path, LONG, faketime=True, power_sync=power_sync) as run:
+        span = chaos_duration + chaos_warmup
+        async with chaos_world(
+            tmp_path, LONG, faketime=True, power_sync=power_sync, span_s=span
+        ) as run:
             schedule = Schedule(run.world, rng, kinds, max_active=4, gap_s=(0.3, 3.0))
             schedule.makers = makers
             if chaos_warmup > 0:

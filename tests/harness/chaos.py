@@ -6,10 +6,11 @@ Two halves, usable separately:
   the process faults the protocol must survive: ``kill`` (SIGKILL), ``pause``/``resume``
   (SIGSTOP/SIGCONT), ``restart``, and failpoints armed through the environment.
 * :class:`TriggerLog` reads the whole trigger stream, headers and server timestamps included, and
-  :meth:`TriggerLog.check_exactly_once` (or the pure :func:`find_violations`) lists every way it
-  breaks DESIGN.md's invariants for a set of jobs: a tick missing, duplicated, published before
-  its fire instant or after its lateness deadline (both by the server's clock), a stray Msg-Id,
-  or a job's ticks out of due order.
+  :meth:`TriggerLog.check_exactly_once` (or the pure :func:`find_violations`, in ``audit.py``)
+  lists every way it breaks DESIGN.md's invariants for a set of jobs: a tick missing,
+  duplicated, published before its fire instant or after its lateness deadline (both by the
+  server's clock), a stray Msg-Id, a job's ticks out of due order, or a tick its window,
+  exclusions or ``max_runs`` rule out.
 
 Scenario tests (and the long chaos runs) drive the faults, then assert that the violation list
 is empty; a violation's ``str`` says which tick and why, so a failure reads as a diagnosis.
@@ -39,8 +40,21 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from hrwcron.core.config import Config, load_config
 from hrwcron.core.model import JobSpec
-from hrwcron.core.schedule import Schedule, jitter_ms
 
+from .audit import (
+    DUPLICATED,
+    EARLY,
+    EXCLUDED,
+    LATE,
+    MISSING,
+    OUT_OF_ORDER,
+    OUTSIDE,
+    RUNS,
+    STRAY,
+    Violation,
+    due_instants,
+    find_violations,
+)
 from .procs import ReplicaProcess
 from .timings import QUICK, Timings
 from .wait import wait_for_async
@@ -50,9 +64,12 @@ __all__ = [
     "DEFAULT_STREAM",
     "DUPLICATED",
     "EARLY",
+    "EXCLUDED",
     "LATE",
     "MISSING",
+    "OUTSIDE",
     "OUT_OF_ORDER",
+    "RUNS",
     "STRAY",
     "ReplicaFleet",
     "Trigger",
@@ -69,13 +86,6 @@ __all__ = [
 
 DEFAULT_STREAM = "HRWCRON_TRIGGERS"
 DEFAULT_PREFIX = "hrwcron.trigger"
-
-MISSING = "missing"
-DUPLICATED = "duplicated"
-EARLY = "early"
-LATE = "late"
-OUT_OF_ORDER = "out_of_order"
-STRAY = "stray"
 
 # Variables the test harness reads for itself; a replica must not see them, because the
 # service rejects unknown HRWCRON_* variables (a typo there should stop a replica, not be ignored).
@@ -281,126 +291,6 @@ class TriggerLog:
     ) -> list[Violation]:
         """:func:`find_violations` over what has been read so far; call :meth:`read` first."""
         return find_violations(self.triggers, jobs, window, early_tolerance_ms=early_tolerance_ms)
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One way the stream breaks an invariant, for one tick of one job."""
-
-    kind: str  # MISSING, DUPLICATED, EARLY, LATE, OUT_OF_ORDER or STRAY
-    job: str
-    due_ms: int
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.job}:{self.due_ms}: {self.detail}"
-
-
-def due_instants(spec: JobSpec, start_ms: float, end_ms: float) -> list[int]:
-    """The job's nominal due instants in ``[start_ms, end_ms]``."""
-    schedule = Schedule.parse(spec.schedule, spec.tz, job=spec.name)
-    found = []
-    due = schedule.next_after(int(start_ms) - 1)
-    while due <= end_ms:
-        found.append(due)
-        due = schedule.next_after(due)
-    return found
-
-
-def find_violations(
-    triggers: Sequence[Trigger],
-    jobs: Iterable[JobSpec],
-    window: tuple[float, float],
-    *,
-    early_tolerance_ms: float = 50.0,
-) -> list[Violation]:
-    """Every invariant ``triggers`` break for ``jobs``; empty means the run was clean.
-
-    * MISSING: a due instant in ``window`` (inclusive, epoch ms) without a trigger. Only the
-      window is checked for completeness, because ticks before the replicas started or after the
-      test stopped reading are legitimately absent.
-    * DUPLICATED: a Msg-Id stored more than once, anywhere in the log.
-    * EARLY: stored before the fire instant (due + the job's jitter) by more than
-      ``early_tolerance_ms``, by the server's timestamp.
-    * LATE: stored after due + jitter + ``max_lateness``: past that nobody may publish.
-    * OUT_OF_ORDER: a job's scheduled triggers not in increasing due order in the stream.
-    * STRAY: a Msg-Id that is not ``<job>:<due ms>`` for a due instant of the job's schedule.
-
-    Only scheduled triggers count; manual and backfill triggers are other Msg-Ids by design.
-    Triggers of jobs not in ``jobs`` are ignored.
-    """
-    specs = {spec.name: spec for spec in jobs}
-    found: list[Violation] = []
-    per_job: dict[str, list[Trigger]] = defaultdict(list)
-    for trigger in triggers:
-        if trigger.scheduled and trigger.job in specs:
-            per_job[trigger.job].append(trigger)
-    start, end = window
-    for name, spec in specs.items():
-        schedule = Schedule.parse(spec.schedule, spec.tz, job=spec.name)
-        jitter = jitter_ms(name, spec.jitter)
-        mine = per_job.get(name, [])
-        seen: dict[str, Trigger] = {}
-        previous: Trigger | None = None
-        for trigger in mine:
-            due = trigger.due_ms
-            if trigger.msg_id != f"{name}:{due}" or schedule.next_after(due - 1) != due:
-                found.append(
-                    Violation(STRAY, name, due, f"seq {trigger.seq} has Msg-Id {trigger.msg_id!r}")
-                )
-            first = seen.get(trigger.msg_id)
-            if first is not None:
-                # Its timing and order were judged on the first copy; report the copy once.
-                found.append(
-                    Violation(
-                        DUPLICATED,
-                        name,
-                        due,
-                        f"seq {first.seq} (node {first.node}, attempt {first.attempt}) and "
-                        f"seq {trigger.seq} (node {trigger.node}, attempt {trigger.attempt})",
-                    )
-                )
-                continue
-            seen[trigger.msg_id] = trigger
-            fire = due + jitter
-            if trigger.stored_ms < fire - early_tolerance_ms:
-                found.append(
-                    Violation(
-                        EARLY,
-                        name,
-                        due,
-                        f"seq {trigger.seq} stored {fire - trigger.stored_ms:.0f} ms before its "
-                        f"fire instant (node {trigger.node})",
-                    )
-                )
-            if trigger.stored_ms > fire + spec.max_lateness_ms:
-                found.append(
-                    Violation(
-                        LATE,
-                        name,
-                        due,
-                        f"seq {trigger.seq} stored {trigger.stored_ms - fire:.0f} ms after its "
-                        f"fire instant; max_lateness is {spec.max_lateness:g} s "
-                        f"(node {trigger.node})",
-                    )
-                )
-                continue
-            seen[trigger.msg_id] = trigger
-            if previous is not None and due <= previous.due_ms:
-                found.append(
-                    Violation(
-                        OUT_OF_ORDER,
-                        name,
-                        due,
-                        f"seq {trigger.seq} comes after seq {previous.seq} (due {previous.due_ms})",
-                    )
-                )
-            previous = trigger
-        published = {t.due_ms for t in mine}
-        for due in due_instants(spec, start, end):
-            if due not in published:
-                found.append(Violation(MISSING, name, due, "no trigger in the stream"))
-    return found
 
 
 # --- replica processes ----------------------------------------------------------------------

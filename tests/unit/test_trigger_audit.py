@@ -89,3 +89,8 @@ def test_jitter_moves_the_fire_instant() -> None:
 def test_due_instants_are_inclusive() -> None:
     assert due_instants(JOB, T0, T0 + 2000) == [T0, T0 + 1000, T0 + 2000]
     assert due_instants(JOB, T0 + 1, T0 + 999) == []
+
+
+def test_due_instants_of_a_long_window_are_not_cut_by_a_search_bound() -> None:
+    hour = due_instants(JOB, T0, T0 + 3_600_000)
+    assert len(hour) == 3_601 and hour[-1] == T0 + 3_600_000
