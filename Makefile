@@ -17,7 +17,7 @@ WARMUP ?= 0
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$((n * 2)))
 PYTEST_PARALLEL := -n $(JOBS) --dist worksteal
 
-.PHONY: run test check lint fmt bench bench-full chaos clean venv system-deps js-worker
+.PHONY: run test check lint docs fmt bench bench-full chaos clean venv system-deps js-worker
 
 venv: $(STAMP)
 
@@ -42,6 +42,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check service tests bench
 	$(BIN)/mypy --strict service/hrwcron
 	$(BIN)/lint-imports
+
+# The documentation site, from docs/ by mkdocs.yml, into build/site/. Strict: a link to a page
+# or anchor that does not exist, or a page left out of the navigation, fails the build. (The
+# variable silences the theme's banner, which is not a warning about the docs.)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench
@@ -91,13 +97,14 @@ $(JS_STAMP): $(JS_WORKER)/package-lock.json
 	  echo "note: no npm; the JavaScript worker's test will skip"; \
 	fi
 
-# Everything CI runs: lint, then the whole suite in parallel, with the slowest tests listed.
-test: lint system-deps $(JS_STAMP)
+# Everything CI runs: lint, the docs build, then the whole suite in parallel, with the slowest
+# tests listed.
+test: lint docs system-deps $(JS_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
-# The inner loop: lint, the unit tests and the contract tests on the in-memory stores, no
-# server. Under a minute; run `make test` before you push.
-check: lint
+# The inner loop: lint, the docs build, the unit tests and the contract tests on the in-memory
+# stores, no server. Under a minute; run `make test` before you push.
+check: lint docs
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests/unit tests/contract -k 'not jetstream' --durations=5
 
 bench: $(BENCH_STAMP)
