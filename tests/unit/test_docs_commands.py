@@ -467,3 +467,37 @@ def test_shell_words_and_segments() -> None:
         ["hrwcron", "next", "30 2 * * *", "--tz", "X/Y"],
         ["make", "check"],
     ]
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor, as GitHub and MkDocs' toc both make it for these headings."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return re.sub(r"[ -]+", "-", text)
+
+
+def _anchors(path: Path) -> set[str]:
+    fenced = False
+    anchors = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"^#{1,6} (.+?)\s*$", line)):
+            anchors.add(_slug(m.group(1)))
+    return anchors
+
+
+def test_the_readme_links_resolve() -> None:
+    """The README is not part of the site, so the strict build does not see its links: each
+    one names a file of the repository, and a heading of it when it names an anchor."""
+    readme = ROOT / "README.md"
+    text = re.sub(r"(?ms)^```.*?^```", "", readme.read_text())
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for target in links:
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (ROOT / path) if path else readme
+        assert file.exists(), f"README.md links to {target}, which does not exist"
+        if anchor:
+            assert anchor in _anchors(file), f"README.md links to {target}: no such heading"
