@@ -272,6 +272,8 @@ class World:
     async def heal(self) -> None:
         """Undo whatever a fault left behind: every proxy passes, every clock is true, every
         core replica and NATS node runs, no spare does."""
+        if self.cluster.links is not None:
+            self.cluster.links.heal()
         for i, proxies in enumerate(self.proxies):
             write_clock(self.clock_files[i], 0)
             for proxy in proxies:

@@ -10,9 +10,13 @@ server's clock, late, out of order).
   publish nothing while the others fire; wall clocks stepped 30 s either way while running
   never produce an early or duplicate trigger.
 * ``test_long_chaos`` (``make chaos SEED=... DURATION=... [SYNC=default] [WARMUP=130]``):
-  random schedules of every fault kind from the seed, power loss of NATS nodes included where
-  FUSE is available (``test_power.py`` has the bounded power scenario), hundreds of faults,
-  and a report in ``tests/chaos/reports/``.
+  random schedules of every fault kind from the seed, faults between the NATS servers
+  (``routes.py``; ``test_routes.py`` has the bounded scenario) and power loss of NATS nodes
+  where FUSE is available (``test_power.py`` has the bounded power scenario), hundreds of
+  faults, and a report in ``tests/chaos/reports/``.
+
+Every run audits the job mix of ``jobmix.py``: plain schedules and jobs with a window,
+exclusions, a run limit and one-time instants. A failed run keeps its logs (``conftest.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from harness.evidence import tracebacks
 from harness.power import SYNC_ALWAYS, PowerCluster, fuse_unavailable
 from hrwcron.core.model import Heartbeat, JobSpec
 from hrwcron.process.app import Stores, open_stores
+from hrwcron.process.startup import start_with_retries
 
 from .checker import Verdict, check_stream, failover_table, failover_times
 from .faults import (
@@ -52,6 +57,7 @@ from .faults import (
     POISON,
     ROLLING,
     STREAM,
+    Maker,
     Schedule,
     Timings,
     World,
@@ -75,6 +81,7 @@ from .faults import (
 )
 from .jobmix import chaos_jobs, describe
 from .power import POWER_KINDS, make_power_fault
+from .routes import ROUTE_KINDS, make_route_fault
 
 BOUNDED_SEED = 7
 # The chaos scenarios run at the shipped protocol timings, so the defaults are what survives
@@ -118,21 +125,29 @@ async def chaos_world(
     faketime: bool,
     power_sync: str | None = None,
     span_s: float = 120.0,
+    route_links: bool = False,
 ) -> AsyncIterator[Run]:
     """With ``power_sync`` (``always``, ``default``), every NATS node's store is on a powerfs
-    mount with that sync_interval, and the replicas keep an ack journal. The jobs' windows and
-    one-time instants are spread over ``span_s``, about how long the run lasts."""
+    mount with that sync_interval, and the replicas keep an ack journal. With ``route_links``
+    the servers' routes go through forwarders (for the faults in ``routes.py``). The jobs'
+    windows and one-time instants are spread over ``span_s``, about how long the run lasts."""
     cluster: NatsCluster
+    base = tmp_path / "cluster"
     if power_sync is None:
-        cluster = NatsCluster(3, base_dir=tmp_path / "cluster", no_advertise=True)
+        cluster = NatsCluster(3, base_dir=base, no_advertise=True, route_links=route_links)
     else:
-        cluster = PowerCluster(3, sync=power_sync, base_dir=tmp_path / "cluster", no_advertise=True)
+        cluster = PowerCluster(
+            3, sync=power_sync, base_dir=base, no_advertise=True, route_links=route_links
+        )
     await asyncio.to_thread(cluster.start)
     journal = power_sync is not None
     world = World(cluster, tmp_path / "world", timings, faketime=faketime, ack_journal=journal)
     stores: Stores | None = None
     try:
-        stores = await open_stores(world.fleet.config())  # R3 buckets and stream, as replicas
+        # R3 buckets and stream, as replicas make them; a cluster that has just formed can
+        # still call a peer offline, which a replica's start-up would ride out too.
+        config = world.fleet.config()
+        stores = await start_with_retries(lambda: open_stores(config), bound_s=60)
         jobs = chaos_jobs(timings, now_ms(), span_s)
         for job in jobs:
             # A just-created replicated bucket answers once its stream has elected a leader.
@@ -228,6 +243,11 @@ def tracebacks_in_full(world: World, most_lines: int = 80) -> str:
             more = f"\n... {len(lines) - most_lines} more lines" if len(lines) > most_lines else ""
             parts.append(f"----- {node}: {found.logged}\n{shown}{more}")
     return "\n".join(parts)
+
+
+def rode_out(world: World) -> int:
+    """Starts that met JetStream not serving and retried until it did."""
+    return sum(text.count("start-up: JetStream served after") for _, text in _replica_logs(world))
 
 
 def _replica_logs(world: World) -> list[tuple[str, str]]:
@@ -428,6 +448,9 @@ def write_report(
         "",
         *(f"- {line}" for line in restarts[:20]),
         "",
+        f"{rode_out(run.world)} starts rode out an election in-process "
+        "(`start-up: JetStream served after N attempts`).",
+        "",
         "## Harness errors",
         "",
         f"{len(errors)} faults could not be carried out as planned.",
@@ -449,13 +472,15 @@ async def test_long_chaos(
     # Power faults need FUSE; without it the run goes on with every other fault and says so.
     no_power = fuse_unavailable()
     power_sync = None if no_power else chaos_sync
-    kinds = ALL_KINDS if no_power else (*ALL_KINDS, *POWER_KINDS)
-    makers = {} if no_power else dict.fromkeys(POWER_KINDS, make_power_fault)
+    kinds = (*ALL_KINDS, *ROUTE_KINDS) if no_power else (*ALL_KINDS, *ROUTE_KINDS, *POWER_KINDS)
+    makers: dict[str, Maker] = dict.fromkeys(ROUTE_KINDS, make_route_fault)
+    if not no_power:
+        makers |= dict.fromkeys(POWER_KINDS, make_power_fault)
 
     async def scenario() -> None:
         span = chaos_duration + chaos_warmup
         async with chaos_world(
-            tmp_path, LONG, faketime=True, power_sync=power_sync, span_s=span
+            tmp_path, LONG, faketime=True, power_sync=power_sync, span_s=span, route_links=True
         ) as run:
             schedule = Schedule(run.world, rng, kinds, max_active=4, gap_s=(0.3, 3.0))
             schedule.makers = makers

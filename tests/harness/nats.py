@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from hrwcron.process.children import die_with_parent
 
+from .links import LinkNet
 from .procs import forget_child, register_child
 from .rundir import KEEP_DIRS_ENV, run_dir
 from .wait import wait_for
@@ -472,15 +473,21 @@ class NatsCluster:
         start_timeout: float = 30.0,
         start_attempts: int = 3,
         no_advertise: bool = False,
+        route_links: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
         self.size = size
+        # With route_links every route goes through a forwarder the test controls (links.py).
+        self.links = LinkNet(size) if route_links else None
         self.cluster_name = cluster_name
         self.config_text = config_text
         # With advertising on, clients learn every node's direct URL from INFO and would
         # route around a TcpProxy partition; proxy tests against a cluster turn it off.
         self.extra_args = [*(["--no_advertise=true"] if no_advertise else []), *extra_args]
+        if self.links is not None:
+            # Gossiped route addresses would let nodes dial each other around the forwarders.
+            self.extra_args += ["--cluster_advertise", f"{LOOPBACK}:{self.links.dead_port}"]
         self.start_timeout = start_timeout
         self.start_attempts = start_attempts
         self._owns_base = base_dir is None
@@ -533,8 +540,14 @@ class NatsCluster:
 
     def _build(self, cluster_ports: list[int], attempt: int) -> list[NatsServer]:
         servers = []
+        dial = dict(enumerate(cluster_ports))
+        forwarded = self.links.forward(cluster_ports) if self.links is not None else None
         for i, name in enumerate(self.names):
-            routes = [f"nats://{LOOPBACK}:{p}" for j, p in enumerate(cluster_ports) if j != i]
+            routes = [
+                f"nats://{LOOPBACK}:{forwarded[(i, j)] if forwarded else p}"
+                for j, p in dial.items()
+                if j != i
+            ]
             servers.append(
                 NatsServer(
                     config_text=self.config_text,
@@ -657,6 +670,8 @@ class NatsCluster:
     def cleanup(self) -> None:
         for server in self.servers:
             server.cleanup()
+        if self.links is not None:
+            self.links.close()
         if self._owns_base and not os.environ.get(_KEEP_DIRS_ENV):
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
