@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 
 from .burst import BurstResult
 from .common import Summary, fmt, percentile, ratio
+from .console import ConsoleResult
+from .console import goal_rows as console_goal_rows
+from .console import section as console_section
 from .curve import CurveResult
 from .curve import goal_rows as curve_goal_rows
 from .curve import section as curve_section
@@ -49,6 +52,7 @@ class Results:
     hrw: str = ""
     operator: OperatorResult | None = None
     searches: SearchesResult | None = None
+    console: ConsoleResult | None = None
     herds: HerdsResult | None = None
     curve: CurveResult | None = None
     errors: list[str] = field(default_factory=list)
@@ -437,6 +441,7 @@ def _goal_rows(r: Results) -> list[tuple[str, str, str]]:
         ]
     rows += goal_rows(r.operator)
     rows += search_goal_rows(r.searches)
+    rows += console_goal_rows(r.console)
     rows += herd_goal_rows(r.herds)
     rows += curve_goal_rows(r.curve)
     return rows
@@ -506,6 +511,7 @@ def results_md(r: Results) -> str:
     lines += search_section(r.searches, 8)
     lines += herd_section(r.herds, 9)
     lines += curve_section(r.curve, 10)
+    lines += console_section(r.console, 11)
     if r.errors:
         lines += ["## Sections that failed", "", *[f"- {e}" for e in r.errors], ""]
     return "\n".join(lines).rstrip() + "\n"
