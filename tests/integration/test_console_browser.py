@@ -160,6 +160,8 @@ async def test_search_open_act_and_see_changes_live(
         chrome.get(base + "/")
         until(chrome, lambda d: "web-b" in text_of(d, "#members"), "both members listed")
         until(chrome, lambda d: text_of(d, "#live-state") == "live", "the page is live")
+        # Counted in the background after the first view; the page shows it when it is done.
+        until(chrome, lambda d: text_of(d, "#heaviest"), "the timeline, without reloading")
         shoot(chrome, tmp_path, "fleet")
 
     await step(fleet)

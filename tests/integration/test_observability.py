@@ -232,6 +232,12 @@ async def test_the_console_in_chromium_shows_the_run_and_stays_inert(
 
     await wait_for_async(status_complete, timeout=60, message="both members live, jobs fired")
     assert first.http is not None
+
+    async def counted() -> bool:  # the first view starts the walk over the jobs
+        status, body = await get(first, "/")
+        return status == 200 and 'id="timeline"' in body
+
+    await wait_for_async(counted, timeout=30, message="the next hour's ticks counted")
     fleet = await dump_dom(first.http.url + "/", tmp_path / "chromium")
     assert "<title>fleet · hrwcron obs-a</title>" in fleet
     members = fleet[

@@ -83,7 +83,9 @@ class Console:
         self.fleet = FleetView(scheduler, status, telemetry)
         self.jobs = JobViews(scheduler, status, telemetry, admin)
         self.actions = Actions(admin, auth, scheduler.node)
-        self.pulses = Pulses(scheduler, telemetry, may_read=auth.may_read)
+        self.pulses = Pulses(
+            scheduler, telemetry, may_read=auth.may_read, walks=lambda: self.fleet.walks
+        )
         self._static: dict[str, tuple[bytes, str, str]] | None = None
 
     def mount(self, app: web.Application) -> None:
@@ -98,6 +100,7 @@ class Console:
         app.router.add_post("/logout", self._logout)
         app.router.add_get("/static/{file}", self._file)
         app.on_shutdown.append(self.pulses.close)
+        app.on_shutdown.append(self.fleet.close)
 
     # ------------------------------------------------------------------------- plumbing
 

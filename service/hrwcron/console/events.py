@@ -34,11 +34,13 @@ class Pulses:
         telemetry: Telemetry,
         *,
         may_read: Callable[[web.BaseRequest], bool],
+        walks: Callable[[], int] = lambda: 0,
         pulse_s: float = PULSE_S,
     ) -> None:
         self._s = scheduler
         self._telemetry = telemetry
         self._may_read = may_read
+        self._walks = walks
         self._pulse_s = pulse_s
         self._closing = asyncio.Event()
         self.open = 0
@@ -55,7 +57,8 @@ class Pulses:
             (node, hb.ready, hb.reason, hb.digest, hb.jobs, hb.version)
             for node, (hb, _) in sorted(s.view.heartbeats().items())
         )
-        fleet = hash((members, tuple(self._telemetry.live), s.digest, s.ready, slot))
+        live = tuple(self._telemetry.live)
+        fleet = hash((members, live, s.digest, s.ready, slot, self._walks()))
         out: dict[str, object] = {"jobs": s.jobs_revision, "fleet": fleet, "slot": slot}
         if job:
             loaded = s.jobs.get(job)

@@ -83,7 +83,7 @@ class Fleet:
     members: list[dict[str, Any]]
     owned: dict[str, int]
     summary: dict[str, Any]
-    timeline: Timeline
+    timeline: Timeline | None  # None until the first walk over the jobs is done
     minutes: list[Minute] = field(default_factory=list)
 
 
@@ -95,6 +95,12 @@ class FleetView:
         self._walk: _Walk | None = None
         self._building = asyncio.Lock()
         self._fleet: tuple[float, Fleet] | None = None
+        self._walking: asyncio.Task[Timeline] | None = None
+        self.walks = 0  # walks done: a page showing an older one fetches the fleet again
+
+    async def close(self, app: object = None) -> None:
+        if self._walking is not None:
+            self._walking.cancel()
 
     async def fleet(self) -> Fleet:
         mono = self._s.clock.monotonic()
@@ -118,9 +124,21 @@ class FleetView:
             members=self._status.members(),
             owned=dict(sorted(s.owned_counts.items())),
             summary=msgspec.to_builtins(await summary(s)),
-            timeline=await self.timeline(),
+            timeline=self.timeline_now(now),
             minutes=self._telemetry.tick_log.minutes(now),
         )
+
+    def timeline_now(self, now: int) -> Timeline | None:
+        """The next hour from the newest walk, without waiting for one: a page shows what is
+        known at once, and a walk that is due runs in the background (a pulse tells the page
+        when it is done)."""
+        s = self._s
+        known = self._walk
+        key = (s.jobs_revision, tuple(self._telemetry.live))
+        fresh = known and known.key == key and s.clock.monotonic() - known.built_at < TIMELINE_TTL_S
+        if not fresh and (self._walking is None or self._walking.done()):
+            self._walking = asyncio.create_task(self.timeline(), name="console-timeline")
+        return known.hour_from(now) if known else None
 
     async def timeline(self) -> Timeline:
         async with self._building:
@@ -130,6 +148,8 @@ class FleetView:
             mono = s.clock.monotonic()
             if not (known and known.key == key and mono - known.built_at < TIMELINE_TTL_S):
                 known = self._walk = await self._build(key, mono)
+                self.walks += 1
+                self._fleet = None  # the next view shows this walk
             return known.hour_from(int(s.clock.now_ms()))
 
     async def _build(self, key: tuple[object, ...], mono: float) -> _Walk:

@@ -49,7 +49,9 @@ def _members(fleet: Fleet) -> str:
     )
 
 
-def _timeline(t: Timeline) -> str:
+def _timeline(t: Timeline | None) -> str:
+    if t is None:
+        return '<p id="timeline-pending" class="muted">counting the next hour\'s ticks…</p>'
     if not t.per_member:
         return '<p class="muted">no live members</p>'
     bar, row_h, label_w = 12, 36, 170
