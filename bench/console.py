@@ -3,9 +3,10 @@ types, and what an open page costs the replica.
 
 One replica with N ``@hourly`` jobs (``jitter = 3600s``), a quarter of them tagged and one in a
 hundred paused. Each request is an HTTP GET from this process, timed to the last byte: the
-fleet page (whose timeline walks every job, then is kept for a minute), the job list's first
-page, a job's page, and the job list's results part for each keystroke of a search (prefix,
-then substring, then nothing matching) and for the filters. The cost of an open page: the
+fleet page (the first view starts the walk over every job that counts the next hour, in the
+background; how long until a view shows it is measured too), the job list's first page, a
+job's page, and the job list's results part for each keystroke of a search (prefix, then
+substring, then nothing matching) and for the filters. The cost of an open page: the
 replica's CPU over a window with nobody looking, then with one page of each kind open the way
 the console's script keeps it (an event stream, and the parts it fetches when a pulse says
 they changed).
@@ -37,7 +38,8 @@ class ConsoleResult:
     jobs: int
     ready_s: float = math.nan
     pages_ms: dict[str, float] = field(default_factory=dict)  # slowest of REPEATS
-    first_fleet_ms: float = math.nan  # the fleet page while its timeline is built
+    first_fleet_ms: float = math.nan  # the first fleet page, which starts the walk
+    timeline_s: float = math.nan  # from that view until a view shows the counted hour
     search_ms: dict[str, float] = field(default_factory=dict)  # slowest of REPEATS
     filter_ms: dict[str, float] = field(default_factory=dict)
     first_filter_ms: float = math.nan  # the first filtered query, which builds the facets
@@ -75,6 +77,10 @@ def _get(url: str) -> tuple[float, bytes]:
 
 async def _slowest(url: str) -> float:
     return max([(await asyncio.to_thread(_get, url))[0] for _ in range(REPEATS)])
+
+
+def _counted(base: str) -> bool:
+    return b'id="timeline"' in _get(base + "/?part=fleet")[1]
 
 
 def _loaded(base: str, count: int) -> bool:
@@ -134,7 +140,12 @@ async def run(dep: Deployment, jobs: int, log: object) -> ConsoleResult:
         loaded = f"{jobs} jobs loaded"
         await until(lambda: asyncio.to_thread(_loaded, base, jobs), 300, loaded, interval=1.0)
         result.ready_s = time.time() - replica.spawned_at
+        began = time.perf_counter()
         result.first_fleet_ms = (await asyncio.to_thread(_get, base + "/"))[0]
+        await until(
+            lambda: asyncio.to_thread(_counted, base), 300, "the next hour counted", interval=0.2
+        )
+        result.timeline_s = time.perf_counter() - began
         for label, path in (("fleet", "/"), ("jobs", "/jobs"), ("job", "/jobs/q-42")):
             result.pages_ms[label] = await _slowest(base + path)
         for typed in KEYSTROKES:
@@ -167,8 +178,8 @@ def goal_rows(r: ConsoleResult | None) -> list[tuple[str, str, str]]:
     return [
         (
             f"console ({n}): first page < 1 s",
-            f"{fmt(r.first_page_ms, 0)} ms (fleet while its timeline is built: "
-            f"{fmt(r.first_fleet_ms, 0)} ms)",
+            f"{fmt(r.first_page_ms, 0)} ms (the very first fleet view "
+            f"{fmt(r.first_fleet_ms, 0)} ms; its hour counted {fmt(r.timeline_s, 1)} s later)",
             _ok(r.first_page_ms < TARGETS["first_page_ms"]),
         ),
         (
@@ -197,7 +208,9 @@ def section(r: ConsoleResult | None, number: int) -> list[str]:
         "",
         "| request | ms |",
         "|---|---:|",
-        f"| fleet page, first (its timeline walks every job) | {fmt(r.first_fleet_ms, 0)} |",
+        f"| fleet page, the very first (starts the walk over every job) | "
+        f"{fmt(r.first_fleet_ms, 0)} |",
+        f"| ... until a view shows the next hour counted | {fmt(r.timeline_s * 1000, 0)} |",
     ]
     out += [f"| page `{label}` | {fmt(ms, 0)} |" for label, ms in r.pages_ms.items()]
     out += [f"| search `q={q}` (results part) | {fmt(ms, 1)} |" for q, ms in r.search_ms.items()]

@@ -17,7 +17,8 @@ def test_the_section_reports_pages_keystrokes_and_the_cost_of_open_pages() -> No
         jobs=100_000,
         ready_s=31.0,
         pages_ms={"fleet": 40.0, "jobs": 60.0, "job": 12.0},
-        first_fleet_ms=1500.0,
+        first_fleet_ms=30.0,
+        timeline_s=2.5,
         search_ms={"q": 20.0, "4217": 130.0},
         filter_ms={"state=paused": 8.0},
         first_filter_ms=700.0,
@@ -28,7 +29,10 @@ def test_the_section_reports_pages_keystrokes_and_the_cost_of_open_pages() -> No
     assert lines[0] == "## 11. The console at 100,000 jobs"
     assert "| search `q=4217` (results part) | 130.0 |" in lines
     goals = {name: (measured, ok) for name, measured, ok in goal_rows(result)}
-    assert goals["console (100,000 jobs): first page < 1 s"][1] == "yes"
+    assert goals["console (100,000 jobs): first page < 1 s"] == (
+        "60 ms (the very first fleet view 30 ms; its hour counted 2.5 s later)",
+        "yes",
+    )
     assert goals["console (100,000 jobs): search < 100 ms per keystroke"] == (
         "130 ms (slowest)",
         "**no**",
