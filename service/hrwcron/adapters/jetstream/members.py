@@ -15,6 +15,7 @@ from hrwcron.adapters.jetstream.kv import (
     create_only,
     deleted,
     entry_or_none,
+    last_message,
     latest,
     watch_entries,
 )
@@ -23,7 +24,7 @@ from hrwcron.core.model import (
     Heartbeat,
     encode,
 )
-from hrwcron.engine.ports import MemberRecord
+from hrwcron.engine.ports import MemberRecord, StoreUnavailable
 
 
 class JetStreamMembers:
@@ -66,9 +67,18 @@ class JetStreamMembers:
         if entry is None or deleted(entry):
             # Our key expired while we could not reach NATS: we are simply back.
             created = await create_only(self._js, self._bucket, node, data)
-            if created is None:
-                raise ConflictError(f"member key {node!r} reappeared while rejoining")
-            return created
+            if created is not None:
+                return created
+            # It is there after all: a beat of ours that timed out can land after the key
+            # expired, and the read above may come from a server that had not seen it yet.
+            # The stream's leader says whose it is, as for any key found held.
+            revision, value = await last_message(self._js, self._bucket, node)
+            if value is None:
+                # Gone again meanwhile: no one holds it; the next beat creates it.
+                raise StoreUnavailable(f"member key {node!r} came and went while rejoining")
+            if _instance(value) == heartbeat.instance:
+                return revision
+            raise ConflictError(f"member key {node!r} is held by instance {_instance(value)}")
         held = msgspec.json.decode(entry.value or b"{}", type=Heartbeat)
         if held.instance == heartbeat.instance and entry.revision is not None:
             return entry.revision  # our previous write landed but its ack was lost
@@ -93,6 +103,13 @@ class JetStreamMembers:
     async def stored_at(self, revision: int) -> float | None:
         message = await self._js.get_msg(f"KV_{self._bucket}", seq=revision)
         return message.time.timestamp() * 1000 if message.time else None
+
+
+def _instance(value: bytes) -> str:
+    try:
+        return msgspec.json.decode(value, type=Heartbeat).instance
+    except msgspec.MsgspecError:
+        return "?"
 
 
 def _member(entry: KeyValue.Entry) -> MemberRecord | None:
