@@ -1,4 +1,5 @@
-"""Markdown for ``bench/results.md`` and the README's performance block, from one run's results."""
+"""Markdown for ``bench/results.md`` and the performance block of ``docs/performance.md``, from
+one run's results."""
 
 from __future__ import annotations
 
@@ -518,7 +519,7 @@ def results_md(r: Results) -> str:
 
 
 def readme_block(r: Results) -> str:
-    """The README's performance block: headline figures, each taken from this run."""
+    """The performance block of docs/performance.md: headline figures, each from this run."""
     lines = [
         f"From `bench/results.md`: `{r.command}` ({r.mode} mode) on {r.started}, "
         f"{r.machine['cpu']}, {r.machine['cores']} cores, {r.machine['memory']}, shared with "

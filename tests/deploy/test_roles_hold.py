@@ -176,11 +176,11 @@ async def test_an_admins_reply_subjects_stay_in_its_own_account(
     assert admin.violations() == []
 
 
-async def test_what_one_worker_can_do_to_another_is_what_the_readme_says(
+async def test_what_one_worker_can_do_to_another_is_what_the_docs_say(
     replica: Replica, sessions: dict[str, Session], shipped_cluster: ShippedCluster
 ) -> None:
     """The shipped `worker` user serves any worker group: it may write any group's
-    idempotency records and any job's run marker (the README says so, and how to pin a user
+    idempotency records and any job's run marker (docs/security.md says so, and how to pin a user
     to one group). It still cannot touch the scheduler's buckets or the trigger stream."""
     worker = sessions["worker"]
     js = worker.client.jetstream(prefix=WORKER_API_PREFIX)

@@ -4,7 +4,8 @@ chromium-driver, from make system-deps) against two replicas on a real nats-serv
 A person searches, opens a job, is refused an action without signing in, signs in, pauses and
 resumes it, triggers it and sees the run appear; changes made elsewhere (through the admin API,
 as the CLI makes them) show on the open page without reloading. Screenshots of the main pages
-go to the test's directory, and to ``HRWCRON_SCREENSHOTS`` when that names one (the README's).
+go to the test's directory, and to ``HRWCRON_SCREENSHOTS`` when that names one (``docs``, for
+the console's page, docs/console.md).
 
 Selenium's calls block, and the replicas run on this test's event loop, so every browser step
 runs in a thread.
@@ -258,7 +259,7 @@ async def test_search_open_act_and_see_changes_live(
     ]
     assert not console_errors, msgspec.json.encode(console_errors).decode()[:2000]
 
-    # The pages as the README shows them: the list as a signed-in user sees it, and a job
+    # The pages as docs/console.md shows them: the list as a signed-in user sees it, and a job
     # whose next ticks need explaining (weekends excluded), with a run of its own.
     await admin.trigger("reports.daily", "rerun-1")
 

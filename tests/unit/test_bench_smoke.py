@@ -1,5 +1,5 @@
 """The benchmark's arithmetic: percentiles, ratios to floors, tick accounting, peak rates, the
-native scheduler's timestamps and the README block. No servers, no timing."""
+native scheduler's timestamps and the performance page's block. No servers, no timing."""
 
 from __future__ import annotations
 

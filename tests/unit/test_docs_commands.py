@@ -501,3 +501,18 @@ def test_the_readme_links_resolve() -> None:
         assert file.exists(), f"README.md links to {target}, which does not exist"
         if anchor:
             assert anchor in _anchors(file), f"README.md links to {target}: no such heading"
+
+
+def test_the_generated_performance_block_is_on_the_performance_page() -> None:
+    """`make bench` rewrites the block between these markers on docs/performance.md; without
+    them a full run would leave the page's figures stale, saying nothing."""
+    import sys
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from bench.__main__ import PERFORMANCE_PAGE, README_BEGIN, README_END
+
+    page = PERFORMANCE_PAGE.read_text()
+    assert page.count(README_BEGIN) == 1 and page.count(README_END) == 1
+    assert page.index(README_BEGIN) < page.index(README_END)
+    assert README_BEGIN not in (ROOT / "README.md").read_text()

@@ -435,7 +435,7 @@ def test_dst_policy_for_the_new_forms(expr: str, tz: str, after: str, expected: 
 
 
 def documented_hash(job: str, field_name: str) -> int:
-    """The derivation as the README states it, written out independently of the module."""
+    """The derivation as docs/schedules.md states it, written out independently of the module."""
     return xxhash.xxh3_64_intdigest(job.encode("utf-8") + b"\x00" + field_name.encode("utf-8"))
 
 

@@ -151,8 +151,8 @@ def step_size(bounds: Bounds) -> st.SearchStrategy[int]:
 
 @st.composite
 def hash_item(draw: st.DrawFn, bounds: Bounds, job: str) -> tuple[str, set[int]]:
-    """Jenkins' H as the README defines it: xxh3_64(job NUL field name) picks one value of the
-    range, or with a step n an offset below min(n, size of the range) to step from."""
+    """Jenkins' H as docs/schedules.md defines it: xxh3_64(job NUL field name) picks one value
+    of the range, or with a step n an offset below min(n, size of the range) to step from."""
     name, lo, hi, star_hi, _ = bounds
     h = xxh3_64_intdigest(job.encode() + b"\x00" + name.encode())
     if draw(st.booleans()):
