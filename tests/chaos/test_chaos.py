@@ -529,6 +529,10 @@ def power_report(
     assert isinstance(cluster, PowerCluster)
     dropped = sum(c.bytes for c in cluster.cuts)
     acks = world.acks()
+    if verdict is not None:
+        # The replicas go on acknowledging after the verdict read the stream: only ticks the
+        # verdict settled can be held to it.
+        acks = [a for a in acks if _due_of(a.msg_id) <= verdict.window[1]]
     lines = [
         "## Power loss",
         "",
@@ -573,6 +577,11 @@ def power_report(
             "",
         ]
     return lines
+
+
+def _due_of(msg_id: str) -> float:
+    due = msg_id.rpartition(":")[2]
+    return float(due) if due.isdigit() else float("inf")
 
 
 def _clock(ms: float) -> str:
