@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -608,10 +608,10 @@ class SilencedJobs(JobsView):
     """The jobs bucket as a replica sees it when its first watch falls silent after the
     initial load, as a KV watch can after a server restart; later watches work."""
 
-    async def watch(self) -> AsyncIterator[Any]:
+    async def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[Any]:
         self.watches += 1
         silent = self.watches == 1
-        async for event in self.inner.watch():
+        async for event in self.inner.watch(lanes):
             if event is None or not silent:
                 yield event
             # a silent watch swallows every change after its initial state
@@ -640,9 +640,9 @@ class GappedJobs(JobsView):
         self.revision_reads += 1
         return await self.inner.last_revision() + 1
 
-    def watch(self) -> AsyncIterator[Any]:
+    def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[Any]:
         self.watches += 1
-        return self.inner.watch()
+        return self.inner.watch(lanes)
 
 
 async def test_a_gap_the_watch_cannot_fill_does_not_restart_it(cluster: Cluster) -> None:

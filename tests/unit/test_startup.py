@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 import nats.errors
 import pytest
@@ -183,7 +183,7 @@ SETTINGS = Settings(
 class SilentJobs(MemoryJobs):
     """A jobs bucket whose watch never delivers its first snapshot, as during an election."""
 
-    async def watch(self) -> AsyncIterator[JobEvent | None]:
+    async def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[JobEvent | None]:
         await asyncio.Event().wait()
         yield None
 

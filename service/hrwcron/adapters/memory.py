@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from hrwcron.adapters.memory_triggers import MemoryTriggers, StoredTrigger, answered, is_scheduled
+from hrwcron.core import partitions
 from hrwcron.core.errors import ConflictError, DuplicateNodeError, SubjectTakenError
 from hrwcron.core.model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec
 from hrwcron.core.runcount import RunCount
@@ -180,39 +181,46 @@ class MemoryClaims:
 
 
 class MemoryJobs:
+    """Job specs under the keys the JetStream store uses (``p=<lane>.<name>``): a tag change
+    moves a job between lanes, seen by a watch as a delete in one and a write in the other."""
+
     def __init__(self, subject_prefix: str = DEFAULT_SUBJECT_PREFIX) -> None:
         self._bucket: _Bucket[JobSpec] = _Bucket(time.monotonic)
         self._prefix = subject_prefix
+        self._keys: dict[str, str] = {}  # job name -> its key
+
+    def _event(self, key: str, entry: _Entry[JobSpec]) -> JobEvent:
+        _, name = partitions.split_key(key)
+        return JobEvent(name, entry.value, entry.revision, written_ms=entry.written_ms, key=key)
 
     async def snapshot(self) -> dict[str, JobEvent]:
         return {
-            k: JobEvent(k, e.value, e.revision, written_ms=e.written_ms)
-            for k, e in self._bucket.items().items()
+            partitions.split_key(k)[1]: self._event(k, e) for k, e in self._bucket.items().items()
         }
 
     async def get(self, name: str) -> JobEvent | None:
-        entry = self._bucket.live(name)
-        return (
-            JobEvent(name, entry.value, entry.revision, written_ms=entry.written_ms)
-            if entry
-            else None
-        )
+        key = self._keys.get(name, "")
+        entry = self._bucket.live(key)
+        return self._event(key, entry) if entry else None
 
     async def put(self, spec: JobSpec, last_revision: int | None) -> int:
         # One event loop writes here, so checking every job is as good as a subject claim.
         subject = spec.trigger_subject(self._prefix)
-        for name, entry in self._bucket.items().items():
+        for key, entry in self._bucket.items().items():
+            name = partitions.split_key(key)[1]
             if name != spec.name and entry.value.trigger_subject(self._prefix) == subject:
                 raise SubjectTakenError(subject, name)
-        if last_revision is None:
-            return self._bucket.write(spec.name, spec, None)
-        if last_revision == 0:
-            revision = self._bucket.create(spec.name, spec)
-        else:
-            revision = self._bucket.update(spec.name, spec, last_revision)
-        if revision is None:
+        old_key = self._keys.get(spec.name)
+        current = self._bucket.live(old_key) if old_key is not None else None
+        if last_revision == 0 and current is not None:
+            raise ConflictError(f"job {spec.name!r} already exists")
+        if last_revision and (current is None or current.revision != last_revision):
             raise ConflictError(f"job {spec.name!r} changed since revision {last_revision}")
-        return revision
+        key = partitions.job_key(spec.name, spec.tags)
+        if old_key is not None and old_key != key and current is not None:
+            self._bucket.write(old_key, None, None)
+        self._keys[spec.name] = key
+        return self._bucket.write(key, spec, None)
 
     async def put_many(self, items: Sequence[tuple[JobSpec, int | None]]) -> list[int | Exception]:
         results: list[int | Exception] = []
@@ -234,21 +242,28 @@ class MemoryJobs:
         return results
 
     async def delete(self, name: str, last_revision: int | None) -> None:
-        entry = self._bucket.live(name)
+        key = self._keys.get(name, "")
+        entry = self._bucket.live(key)
         if last_revision is not None and (entry is None or entry.revision != last_revision):
             raise ConflictError(f"job {name!r} changed since revision {last_revision}")
-        self._bucket.write(name, None, None)
+        self._bucket.write(key or name, None, None)
 
     async def last_revision(self) -> int:
         return self._bucket.revision
 
-    async def watch(self) -> AsyncIterator[JobEvent | None]:
+    async def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[JobEvent | None]:
+        def wanted(key: str) -> bool:
+            return lanes is None or partitions.split_key(key)[0] in lanes
+
         changes = self._bucket.changes(self._bucket.subscribe())
-        for event in (await self.snapshot()).values():
-            yield event
+        for key, entry in self._bucket.items().items():
+            if wanted(key):
+                yield self._event(key, entry)
         yield None
         async for key, value, revision in changes:
-            yield JobEvent(key, value, revision, written_ms=time.time() * 1000)
+            if wanted(key):
+                _, name = partitions.split_key(key)
+                yield JobEvent(name, value, revision, written_ms=time.time() * 1000, key=key)
 
 
 class MemoryMarks:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import xxhash
 
+from hrwcron.core import partitions
 from hrwcron.core.errors import HrwcronError, Problem
 from hrwcron.core.model import JobSpec, encode
 from hrwcron.core.plan import TickPlan
@@ -54,6 +55,8 @@ class Job:
     jitter_ms: int
     revision: int
     digest: int
+    key: str = ""  # where it is stored: a move between keys must not drop it
+    lane: str = ""  # its lane (core/partitions.py)
     due: int | None = None
     entry: int = 0  # generation of this job's single live heap entry
     busy: bool = False
@@ -111,20 +114,82 @@ class JobTable:
         self.by_subject: dict[str, str] = {}
         # Stored specs this replica did not load: (revision, why).
         self.skipped: dict[str, tuple[int, str]] = {}
+        self._skipped_lanes: dict[str, tuple[str, str]] = {}  # name -> (key, lane) of a skip
         self.digest = 0  # xor of the loaded specs' hashes: equal across agreeing replicas
         self.revision = 0  # newest jobs-bucket revision the watch delivered
         self.loaded = asyncio.Event()
         self.stopping = False
         self._watch: asyncio.Task[None] | None = None
+        # The lanes this replica holds (None: every job), and the watches that deliver them:
+        # the first one, then one per set of lanes taken on since.
+        self.held: frozenset[str] | None = None
+        self._lane_watches: dict[asyncio.Task[None], frozenset[str]] = {}
+        self._catching_up: set[asyncio.Task[None]] = set()
 
     # --------------------------------------------------------------------------- the watch
 
     def start_watch(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-        self._watch = self._spawn(self._follow(), "jobs-watch")
+        for task in self._lane_watches:
+            task.cancel()
+        self._lane_watches.clear()
+        self._catching_up.clear()
+        self._watch = self._spawn(self._follow(self.held), "jobs-watch")
 
-    async def _follow(self) -> None:
+    @property
+    def catching_up(self) -> bool:
+        """Whether jobs of lanes taken on since the start are still being read."""
+        return bool(self._catching_up)
+
+    def hold(self, lanes: frozenset[str] | None) -> None:
+        """Hold only the jobs of ``lanes`` from now on: drop the others, read the new ones."""
+        before = self.held
+        self.held = lanes
+        if self._watch is None or lanes == before:
+            return  # not started: the first watch reads what is held then
+        if lanes is None or before is None:
+            self.start_watch()  # everything, or from everything to a share: read again
+            if lanes is not None:
+                self._drop_unheld()
+            return
+        if before - lanes:
+            self._drop_unheld()
+            for task, covered in list(self._lane_watches.items()):
+                if not covered & lanes:
+                    task.cancel()
+                    del self._lane_watches[task]
+                    self._catching_up.discard(task)
+        added = lanes - before
+        if added:
+            task = self._spawn(self._follow(added), "jobs-watch-lanes")
+            self._lane_watches[task] = added
+            self._catching_up.add(task)
+
+    def _drop_unheld(self) -> None:
+        held = self.held
+        if held is None:
+            return
+        gone = [job for job in self.jobs.values() if job.lane not in held]
+        for job in gone:
+            self._drop(job)
+        for name in [n for n, (_, lane) in self._skipped_lanes.items() if lane not in held]:
+            self._skipped_lanes.pop(name, None)
+            self.skipped.pop(name, None)
+        if gone:
+            log.info("gave up %d jobs of lanes other replicas hold now", len(gone))
+
+    def _drop(self, job: Job) -> None:
+        self.digest ^= job.digest
+        self.by_subject.pop(job.subject, None)
+        job.entry += 1
+        del self.jobs[job.spec.name]
+        self._hooks.runs_unknown(job.spec.name)
+        self._hooks.removed(job)
+
+    async def _follow(self, lanes: frozenset[str] | None) -> None:
+        task = asyncio.current_task()
+        first = task is self._watch
         while not self.stopping:
             try:
                 # The initial state read after this covers every revision up to here, even
@@ -134,15 +199,20 @@ class JobTable:
                 with contextlib.suppress(Exception):
                     covered = await self._store.last_revision()
                 slices = Slices()
-                async for event in self._store.watch():
+                async for event in self._store.watch(lanes):
                     if event is None:
-                        if not self.loaded.is_set():
+                        if first and not self.loaded.is_set():
                             log.info("loaded %d jobs", len(self.jobs))
                             gc.freeze()
-                        self.loaded.set()
-                        self.revision = max(self.revision, covered)
+                        if first:
+                            self.loaded.set()
+                            self.revision = max(self.revision, covered)
+                        elif task in self._catching_up:
+                            self._catching_up.discard(task)
+                            log.info("took on %d lanes of jobs", len(lanes or ()))
                         continue
-                    self.revision = max(self.revision, event.revision)
+                    if first or task not in self._catching_up:
+                        self.revision = max(self.revision, event.revision)
                     self.apply(event)
                     if slices.spent():
                         await asyncio.sleep(0)
@@ -159,6 +229,10 @@ class JobTable:
         stuck_at: int | None = None
         while not self.stopping:
             await asyncio.sleep(self.settings.jobs_watch_check)
+            if self.held is not None:
+                # Holding a share, the bucket moves in lanes this replica never sees: the
+                # watches' ordered consumers notice a silent server themselves.
+                continue
             try:
                 newest = await self._store.last_revision()
             except Exception as exc:
@@ -183,18 +257,39 @@ class JobTable:
 
     # ------------------------------------------------------------------------ one change
 
+    def _lane(self, event: JobEvent, old: Job | None) -> str:
+        lane, _ = partitions.split_key(event.key or event.name)
+        if lane is not None:
+            return lane
+        if event.spec is not None:  # stored before lanes: its lane follows from the spec
+            return partitions.lane_of(event.name, event.spec.tags)
+        return old.lane if old is not None else partitions.lane_of(event.name, ())
+
     def apply(self, event: JobEvent) -> None:
         """Take one change of the jobs bucket: load, replace or drop the job."""
-        spec = event.spec
         old = self.jobs.get(event.name)
+        key = event.key or event.name
+        lane = self._lane(event, old)
+        if old is not None and old.key != key:
+            if old.revision >= event.revision:
+                return  # an older copy under another key (a move between lanes)
+            if event.spec is None and not event.error:
+                return  # the copy a move left behind is gone; the job stays where it went
+        if self.held is not None and lane not in self.held:
+            if old is not None and old.key == key and old.revision < event.revision:
+                self._drop(old)  # moved to a lane held elsewhere (a bucket without lanes)
+            return
+        spec = event.spec
         if spec is not None and not event.error:
             problems = spec.problems(
                 prefix=self.settings.subject_prefix, max_payload=self.settings.max_payload
             )
             if spec.name != event.name:
-                problems.insert(0, Problem("name", f"key {event.name!r} holds job {spec.name!r}"))
+                problems.insert(0, Problem("name", f"key {key!r} holds job {spec.name!r}"))
             if problems:
-                event = JobEvent(event.name, None, event.revision, "; ".join(map(str, problems)))
+                event = JobEvent(
+                    event.name, None, event.revision, "; ".join(map(str, problems)), key=key
+                )
         if event.error:
             log.warning("job %r skipped: %s", event.name, event.error)
             self._observer.bad_job(event.name, event.error)
@@ -202,8 +297,10 @@ class JobTable:
             return
         if event.error:
             self.skipped[event.name] = (event.revision, event.error)
-        else:
+            self._skipped_lanes[event.name] = (key, lane)
+        elif self._skipped_lanes.get(event.name, (key, ""))[0] == key:
             self.skipped.pop(event.name, None)
+            self._skipped_lanes.pop(event.name, None)
         if old is not None:
             self.digest ^= old.digest
             self.by_subject.pop(old.subject, None)
@@ -217,7 +314,7 @@ class JobTable:
                 self._hooks.removed(old)
             return
         try:
-            job = self._load(event, old)
+            job = self._load(event, old, key, lane)
             self._hooks.prepare(job)
         except (HrwcronError, ArithmeticError, ValueError) as exc:
             # A spec the rules let through but the engine cannot plan: one bad job, not a
@@ -226,6 +323,7 @@ class JobTable:
             log.warning("job %r skipped: %s", event.name, error)
             self._observer.bad_job(event.name, error)
             self.skipped[event.name] = (event.revision, error)
+            self._skipped_lanes[event.name] = (key, lane)
             if old is not None:
                 self._hooks.removed(old)
             return
@@ -234,7 +332,7 @@ class JobTable:
         self.by_subject[job.subject] = job.spec.name
         self._hooks.loaded(job)
 
-    def _load(self, event: JobEvent, old: Job | None) -> Job:
+    def _load(self, event: JobEvent, old: Job | None, key: str, lane: str) -> Job:
         """The running form of a valid spec, its first due tick planned (None when paused)."""
         assert event.spec is not None
         spec = _compact(event.spec)
@@ -248,6 +346,8 @@ class JobTable:
             jitter_ms=jitter_ms(spec.name, spec.jitter),
             revision=event.revision,
             digest=xxhash.xxh3_64_intdigest(encode(spec)),
+            key=key,
+            lane=lane,
         )
         if spec.paused:
             return job

@@ -12,13 +12,15 @@ A follower whose turn on a tick has come asks :meth:`MarksHeard.verdict` about t
 - ``BUSY``: the owner is live and its marks advance, but it has not reached the tick yet (a
   herd, a slow store): wait for it, never pile claims and publishes on a live owner;
 - ``UNKNOWN``: no fresh mark from the owner's live instance, a mark that stopped advancing for
-  a claim lease, or a mark from before the follower's version of the job: act as without marks.
+  a claim lease, a mark from before the follower's version of the job, or one made under
+  another view of the members than the follower's: act as without marks.
 
 A mark only decides who spends effort: the claim, the Msg-Id and the fence still decide who
 publishes, so a lost, late or stale mark costs work or lateness, never a duplicate. A follower
-trusts the mark of the owner its own view names; when views differ, the owner named has the
-job ranked after a replica it prefers, and handles it as that replica's follower, so the chain
-of preferences ends at a replica that fires the tick or finds its owner silent.
+trusts only a mark made under its own view of the members (``view``: the ready members, their
+weights and the holders setting): under one view every replica names the same owner, and that
+owner holds the job. A replica still reading lanes it took on announces no mark at all. When
+views differ, a follower acts at its own turn as without marks, until they agree again.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Mark(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     resolved_ms: int
     resolved: int
     jobs_revision: int
+    view: int = 0  # Membership.view_id of the owner when it made the mark
 
 
 @dataclass(slots=True)
@@ -63,12 +66,15 @@ class MarksHeard:
         lease: float,
         monotonic: Callable[[], float],
         live: Callable[[str, str], bool],
+        view: Callable[[], int] = lambda: 0,
     ) -> None:
-        """``live(node, instance)``: whether that instance is a live, ready member here."""
+        """``live(node, instance)``: whether that instance is a live, ready member here;
+        ``view()``: this replica's view of the members now (Membership.view_id)."""
         self._fresh = step * 2 / MARKS_PER_STEP
         self._lease = lease
         self._monotonic = monotonic
         self._live = live
+        self._view = view
         self.heard: dict[str, _Heard] = {}
 
     def hear(self, mark: Mark) -> bool:
@@ -93,6 +99,8 @@ class MarksHeard:
         now = self._monotonic()
         if now - heard.heard_mono > self._fresh or not self._live(mark.node, mark.instance):
             return UNKNOWN
+        if mark.view != self._view():
+            return UNKNOWN  # the owner may name another owner, or not hold the job at all
         if mark.jobs_revision < job_revision:
             return UNKNOWN  # the owner may not know this version of the job yet
         if mark.resolved_ms >= fire_ms:
@@ -114,5 +122,6 @@ class MarksHeard:
         return (
             now - heard.heard_mono > self._fresh
             or now - heard.advanced_mono > self._lease
+            or heard.mark.view != self._view()
             or not self._live(heard.mark.node, heard.mark.instance)
         )

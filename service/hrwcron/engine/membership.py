@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from hrwcron import __version__
-from hrwcron.core import hrw
+from hrwcron.core import hrw, partitions
 from hrwcron.core.errors import ConflictError, DuplicateNodeError, HrwcronError
 from hrwcron.core.model import Heartbeat
 from hrwcron.core.planner import Candidate, ranking
@@ -52,8 +52,10 @@ class Membership:
         clock: Clock,
         state: ReplicaState,
         changed: Callable[[bool, bool], None],
+        held: Callable[[frozenset[str] | None], None] = lambda lanes: None,
     ) -> None:
-        """``changed(readiness, candidates)`` is told when either changed."""
+        """``changed(readiness, candidates)`` is told when either changed; ``held(lanes)``
+        when the lanes this replica holds changed (None: it holds every job)."""
         self.settings = settings
         self.node = settings.node_id
         self.instance = instance
@@ -69,6 +71,15 @@ class Membership:
         self.candidates: list[Candidate] = []
         self.generation = 0  # bumped whenever the candidates change
         self._plain: list[tuple[bytes, str]] | None = []  # candidates for hrw.rank_prepared
+        # Holding a share (settings.holders): each lane's holders among the ready members (who
+        # fires) and among every live one (a member still loading holds its lanes already), and
+        # the lanes this replica holds under either.
+        self._held = held
+        self.lane_holders: dict[str, list[str]] = {}
+        self._live_nodes: list[str] = []
+        self._live_holders: dict[str, list[str]] = {}
+        self.held: frozenset[str] | None = None
+        self.view_id = 0  # names the candidates and the holders setting: marks must agree on it
         # A claim holder unheard for this long has missed a heartbeat: its claim is taken over.
         interval = settings.heartbeat_interval
         self._silence = interval + max(0.25, interval / 4)
@@ -123,21 +134,51 @@ class Membership:
             if any(c.weight != 1.0 for c in candidates):
                 self._plain = None  # weighted: planner.ranking
             self.generation += 1
+            self.view_id = hrw.score(
+                repr([(c.node, c.weight) for c in candidates]), str(self.settings.holders)
+            )
+        if self.settings.holders > 0:
+            self._hold(changed)
         if ready_changed or changed:
             self._changed(ready_changed, changed)
         if changed:
             self._observer.membership([c.node for c in candidates], 0)
             log.info("live members: %s", ", ".join(c.node for c in candidates) or "none")
 
+    def _hold(self, candidates_changed: bool) -> None:
+        """Recompute the lanes held, from the ready members (who fires) and from every live
+        member: a replica joining holds its lanes from its first heartbeat, and the ones it
+        takes them from keep them until it is ready."""
+        holders = self.settings.holders
+        if candidates_changed:
+            self.lane_holders = partitions.holders_by_lane(self.candidates, holders)
+        live = self.view.live(self.settings.weight, list(self.settings.tags))
+        live_nodes = [c.node for c in live]
+        if live_nodes != self._live_nodes:
+            self._live_nodes = live_nodes
+            self._live_holders = partitions.holders_by_lane(live, holders)
+        held = partitions.held_lanes(self.node, [self.lane_holders, self._live_holders])
+        if held != self.held:
+            self.held = held
+            self._held(held)
+
     # ------------------------------------------------------------------------ the ranking
 
     def place(self, job: Job) -> None:
         """The job's owner and this replica's rank, computed once per change of the
-        candidates."""
+        candidates. Holding a share, a job's candidates are its lane's holders."""
         if job.order_generation == self.generation:
             return
         plain = self._plain
-        if plain is not None and not job.spec.tags:
+        lane_holders = self.lane_holders.get(job.lane) if self.settings.holders > 0 else None
+        if lane_holders is not None:
+            if plain is not None:
+                order = hrw.rank(job.spec.name, lane_holders)
+            else:
+                order = ranking(
+                    job.spec.name, (), [c for c in self.candidates if c.node in lane_holders]
+                )
+        elif plain is not None and not job.spec.tags:
             order = hrw.rank_prepared(job.spec.name, plain)
         else:
             order = ranking(job.spec.name, job.spec.tags, self.candidates)
@@ -146,7 +187,13 @@ class Membership:
         job.order_generation = self.generation
 
     def ranking_of(self, name: str, tags: list[str]) -> list[str]:
-        return ranking(name, tags, self.candidates)
+        """Every eligible candidate for the job, the ones that would fire it first."""
+        order = ranking(name, tags, self.candidates)
+        if self.settings.holders <= 0 or tags:
+            return order
+        holders = self.lane_holders.get(partitions.lane_of(name, tags), [])
+        first = ranking(name, (), [c for c in self.candidates if c.node in holders])
+        return first + [node for node in order if node not in first]
 
     # ------------------------------------------------------------------ claim holders
 

@@ -4,7 +4,7 @@ NATS, Prometheus or OpenTelemetry code, so it runs unchanged over the in-memory 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,13 +107,14 @@ class TriggerRecord:
 @dataclass(frozen=True, slots=True)
 class JobEvent:
     """A job appeared or changed (``spec`` set), was deleted (``spec`` None), or could not be
-    decoded (``error`` set). ``name`` is the store key."""
+    decoded (``error`` set). ``name`` is the job's name, ``key`` the store key it came from."""
 
     name: str
     spec: JobSpec | None
     revision: int
     error: str = ""
     written_ms: float = 0.0  # server time of this revision; 0 when unknown
+    key: str = ""  # the bucket key it came from (core/partitions.py); empty: the name
 
 
 class MembersPort(Protocol):
@@ -184,7 +185,12 @@ class JobsEditor(Protocol):
 
 
 class JobsPort(JobsEditor, Protocol):
-    def watch(self) -> AsyncIterator[JobEvent | None]: ...
+    def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[JobEvent | None]:
+        """Every job's newest state, then None, then every change. With ``lanes``
+        (core/partitions.py) the store may leave out the jobs of other lanes; the caller
+        keeps only what it holds either way."""
+        ...
+
     async def put_many(self, items: Sequence[tuple[JobSpec, int | None]]) -> list[int | Exception]:
         """``put`` of every ``(spec, last_revision)``, as fast as the store allows; per item
         the new revision or the error ``put`` would have raised."""

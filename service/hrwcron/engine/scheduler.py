@@ -132,6 +132,7 @@ class Scheduler:
             clock=self.clock,
             state=self,
             changed=ticks.membership_changed,
+            held=self._table.hold,
         )
         self.view: MembershipView = self._membership.view
         self.failed = self._membership.failed  # set with ``fatal``: the process should exit
@@ -167,6 +168,7 @@ class Scheduler:
                     lease=settings.claim_lease,
                     monotonic=self.clock.monotonic,
                     live=self.holder_live,
+                    view=lambda: self._membership.view_id,
                 )
             )
 
@@ -182,7 +184,9 @@ class Scheduler:
 
     @property
     def digest(self) -> str:
-        return f"{self._table.digest:016x}"
+        """The digest of the job table, compared between replicas; empty when each holds
+        its own share (two shares have no digest in common)."""
+        return "" if self.settings.holders > 0 else f"{self._table.digest:016x}"
 
     @property
     def job_count(self) -> int:
@@ -295,6 +299,7 @@ class Scheduler:
         gc.freeze()  # what the process set up so far stays too: no full collection walks it
         membership = self._membership
         await membership.join()
+        membership.refresh()  # the lanes to hold, before the jobs watch starts reading them
         # Membership first: loading a large job set can outlast the member TTL.
         self._spawn(membership.watch(), "members-watch")
         self._spawn(membership.refresh_loop(), "members-refresh")
@@ -342,14 +347,15 @@ class Scheduler:
         while True:
             await asyncio.sleep(interval)
             ticks.release_parked()
-            if not self.ready or ticks.stopping:
-                continue
+            if not self.ready or ticks.stopping or self._table.catching_up:
+                continue  # still reading lanes it took on: it cannot vouch for their ticks
             mark = Mark(
                 node=self.node,
                 instance=self.instance,
                 resolved_ms=ticks.resolved_ms(self.clock.now_ms()),
                 resolved=ticks.resolved,
                 jobs_revision=self._table.revision,
+                view=self._membership.view_id,
             )
             try:
                 await marks.announce(mark)

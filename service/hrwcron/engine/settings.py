@@ -26,3 +26,5 @@ class Settings:
     write_timeout: float = 5.0
     # Triggers carry CloudEvents headers with this source; empty: they carry none.
     cloudevents_source: str = ""
+    # Replicas that hold each lane of jobs (core/partitions.py); 0: every replica holds every job.
+    holders: int = 0

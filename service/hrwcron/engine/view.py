@@ -56,6 +56,18 @@ class MembershipView:
         now = self._monotonic()
         return {n: (s.record.heartbeat, now - s.seen_mono) for n, s in self._members.items()}
 
+    def live(self, self_weight: float, self_tags: list[str]) -> list[Candidate]:
+        """Every member heard from within the TTL, ready or not, this replica included."""
+        now = self._monotonic()
+        found = [
+            Candidate(node, s.record.heartbeat.weight, frozenset(s.record.heartbeat.tags))
+            for node, s in self._members.items()
+            if node != self.self_node and now - s.seen_mono < self.ttl
+        ]
+        found.append(Candidate(self.self_node, self_weight, frozenset(self_tags)))
+        found.sort(key=lambda c: c.node)
+        return found
+
     def candidates(
         self, self_ready: bool, self_weight: float, self_tags: list[str]
     ) -> list[Candidate]:

@@ -20,7 +20,7 @@ from hrwcron.adapters.http import HttpServer
 from hrwcron.adapters.jetstream.claims import JetStreamClaims, JetStreamRuns
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
 from hrwcron.adapters.jetstream.counts import JetStreamCounts
-from hrwcron.adapters.jetstream.jobs import JetStreamJobs
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs, has_lanes
 from hrwcron.adapters.jetstream.marks import NatsMarks
 from hrwcron.adapters.jetstream.members import JetStreamMembers
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
@@ -82,6 +82,7 @@ def settings(config: Config) -> Settings:
         shutdown_timeout=s.shutdown_timeout,
         http_address=config.http.listen,
         cloudevents_source=s.events_source,
+        holders=s.holders,
     )
 
 
@@ -160,6 +161,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
                 claims_bucket=shape.claims_bucket,
                 subject_prefix=shape.subject_prefix,
                 pipeline=pipeline,
+                lanes=await has_lanes(js, shape.jobs_bucket),
             ),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
             triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix, pipeline),

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from hrwcron.adapters.jetstream.kv import (
@@ -18,15 +18,12 @@ from hrwcron.adapters.jetstream.kv import (
     conditional_writes,
     create_only,
     deleted,
-    entry_or_none,
     last_message,
     snapshot,
-    watch_entries,
+    watch_subjects,
 )
-from hrwcron.adapters.jetstream.pipeline import (
-    WRONG_LAST_SEQUENCE,
-    JetStreamPipeline,
-)
+from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
+from hrwcron.core import partitions
 from hrwcron.core.errors import ConflictError, SubjectTakenError
 from hrwcron.core.model import (
     DEFAULT_SUBJECT_PREFIX,
@@ -52,13 +49,19 @@ class SubjectClaim(msgspec.Struct, kw_only=True):
     v: int = 1
 
 
-class _Stored(msgspec.Struct, frozen=True):
-    """A job key's newest message: its revision (deletions included, 0 for none), its value
-    (None when deleted or never written) and the spec when that value is a valid one."""
+@dataclass(frozen=True)
+class _Stored:
+    """A job as the bucket holds it: its newest live key (empty when it has none), that key's
+    revision (0 for none), value and spec (when the value is a valid one), the revision of
+    every key the job may be under (deletions included), and every live key of it (more than
+    one only after a move between keys that did not finish)."""
 
+    key: str
     revision: int
     data: bytes | None
     spec: JobSpec | None
+    revisions: dict[str, int]
+    live_keys: tuple[tuple[str, int], ...]
 
     @property
     def live(self) -> bool:
@@ -66,7 +69,8 @@ class _Stored(msgspec.Struct, frozen=True):
 
 
 class JetStreamJobs:
-    """Job specs in the jobs bucket. With ``claims_bucket`` every write also holds a
+    """Job specs in the jobs bucket, each under ``p=<lane>.<name>`` (core/partitions.py) when
+    the bucket has lanes, else under its name. With ``claims_bucket`` every write also holds a
     create-only claim on the job's trigger subject (key ``=subject.<subject>`` in that bucket),
     so two jobs can never be written with one subject, whichever replicas write them.
 
@@ -74,7 +78,13 @@ class JetStreamJobs:
     use its subject (left by a crash between the two writes, or by a job that moved on) is
     taken over: first the holder's key is rewritten compare-and-set, so a write of the holder
     still in flight (it read that revision) fails instead of landing on a subject it no
-    longer holds, then the claim itself is replaced compare-and-set."""
+    longer holds, then the claim itself is replaced compare-and-set.
+
+    A job whose key changes (its tags came or went, or it was written before lanes) moves:
+    the new key is written compare-and-set, then the old one deleted compare-and-set; if the
+    old one changed meanwhile the new one is deleted again and the write fails as a conflict.
+    Readers take a job's newest live key, so a move cut short by a crash reads as the newer
+    spec, and the next write of the job removes the older key."""
 
     def __init__(
         self,
@@ -85,6 +95,7 @@ class JetStreamJobs:
         claims_bucket: str | None = None,
         subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
         pipeline: JetStreamPipeline | None = None,
+        lanes: bool = True,
     ) -> None:
         self._js = js
         self._kv = kv
@@ -92,46 +103,49 @@ class JetStreamJobs:
         self._claims = claims_bucket
         self._prefix = subject_prefix
         self._pipeline = pipeline
+        self.lanes = lanes
+
+    def _key(self, spec: JobSpec) -> str:
+        return partitions.job_key(spec.name, spec.tags) if self.lanes else spec.name
 
     @staticmethod
     def _event(entry: KeyValue.Entry) -> JobEvent:
+        _, name = partitions.split_key(entry.key)
         revision = int(entry.revision or 0)
         created: Any = entry.created
         written = created.timestamp() * 1000 if hasattr(created, "timestamp") else 0.0
         if deleted(entry):
-            return JobEvent(entry.key, None, revision, written_ms=written)
+            return JobEvent(name, None, revision, written_ms=written, key=entry.key)
         try:
             spec = decode_job(entry.value or b"", where=entry.key)
         except Exception as exc:
-            return JobEvent(entry.key, None, revision, error=str(exc), written_ms=written)
-        return JobEvent(entry.key, spec, revision, written_ms=written)
+            return JobEvent(name, None, revision, error=str(exc), written_ms=written, key=entry.key)
+        return JobEvent(name, spec, revision, written_ms=written, key=entry.key)
 
     async def snapshot(self) -> dict[str, JobEvent]:
-        return {e.key: self._event(e) for e in await snapshot(self._js, self._bucket)}
+        found: dict[str, JobEvent] = {}
+        for entry in await snapshot(self._js, self._bucket):
+            if entry.key == partitions.LAYOUT_KEY:
+                continue
+            event = self._event(entry)
+            known = found.get(event.name)
+            if known is None or known.revision < event.revision:
+                found[event.name] = event
+        return found
 
     async def get(self, name: str) -> JobEvent | None:
-        entry = await entry_or_none(self._kv, name)
-        return None if entry is None or deleted(entry) else self._event(entry)
+        stored = await self._stored(name)
+        if stored.data is None:
+            return None
+        if stored.spec is None:
+            try:
+                decode_job(stored.data, where=stored.key)
+            except Exception as exc:
+                return JobEvent(name, None, stored.revision, error=str(exc), key=stored.key)
+        return JobEvent(name, stored.spec, stored.revision, key=stored.key)
 
     async def put(self, spec: JobSpec, last_revision: int | None) -> int:
-        if self._claims is not None:
-            return await self._put_holding_subject(spec, last_revision, self._claims)
-        data = encode(spec)
-        if last_revision is None:
-            return int(await self._kv.put(spec.name, data))
-        if last_revision == 0:
-            revision = await create_only(self._js, self._bucket, spec.name, data)
-        else:
-            revision = await conditional_put(
-                self._js, self._bucket, spec.name, data, last_revision, None
-            )
-        if revision is None:
-            raise ConflictError(
-                f"job {spec.name!r} changed since revision {last_revision}: read it again and retry"
-                if last_revision
-                else f"job {spec.name!r} already exists"
-            )
-        return revision
+        return await self._write(spec, last_revision, self._claims)
 
     async def put_many(
         self, items: Sequence[tuple[JobSpec, int | None]], *, in_flight: int = WRITE_IN_FLIGHT
@@ -189,28 +203,47 @@ class JetStreamJobs:
             elif answer is not None:
                 holding.append(index)
         job_writes = [
-            (f"$KV.{self._bucket}.{items[i][0].name}", encode(items[i][0]), 0) for i in holding
+            (f"$KV.{self._bucket}.{self._key(items[i][0])}", encode(items[i][0]), 0)
+            for i in holding
         ]
         written = await conditional_writes(pipeline, job_writes)
         for index, answer in zip(holding, written, strict=True):
             if answer is not None:
                 results[index] = answer
 
+    def _keys_of(self, name: str) -> tuple[str, ...]:
+        """Every key the job may be under: its lane, the tagged lane, its bare name."""
+        return (
+            partitions.job_key(name, ()),
+            partitions.job_key(name, (partitions.TAGGED,)),
+            name,
+        )
+
     async def _stored(self, name: str) -> _Stored:
-        revision, data = await last_message(self._js, self._bucket, name)
-        if data is None:
-            return _Stored(revision, None, None)
+        keys = self._keys_of(name)
+        found = await asyncio.gather(*(last_message(self._js, self._bucket, k) for k in keys))
+        revisions = {key: revision for key, (revision, _) in zip(keys, found, strict=True)}
+        live = sorted(
+            ((revision, key, data) for key, (revision, data) in zip(keys, found, strict=True)),
+            reverse=True,
+        )
+        live = [item for item in live if item[2] is not None]
+        live_keys = tuple((key, revision) for revision, key, _ in live)
+        if not live:
+            return _Stored("", 0, None, None, revisions, ())
+        revision, key, data = live[0]
+        assert data is not None
         try:
-            return _Stored(revision, data, decode_job(data, where=name))
+            spec: JobSpec | None = decode_job(data, where=key)
         except Exception:
-            return _Stored(revision, data, None)
+            spec = None
+        return _Stored(key, revision, data, spec, revisions, live_keys)
 
     def _subject_of(self, stored: _Stored) -> str | None:
         return stored.spec.trigger_subject(self._prefix) if stored.spec is not None else None
 
-    async def _put_holding_subject(
-        self, spec: JobSpec, last_revision: int | None, claims: str
-    ) -> int:
+    async def _write(self, spec: JobSpec, last_revision: int | None, claims: str | None) -> int:
+        key = self._key(spec)
         subject = spec.trigger_subject(self._prefix)
         data = encode(spec)
         for _ in range(WRITE_ATTEMPTS):
@@ -222,15 +255,26 @@ class JetStreamJobs:
                     f"job {spec.name!r} changed since revision {last_revision}: read it again "
                     "and retry"
                 )
-            if not await self._hold_subject(subject, spec.name, claims):
+            if claims is not None and not await self._hold_subject(subject, spec.name, claims):
                 continue  # lost a race on the subject claim: look again
             revision = await conditional_put(
-                self._js, self._bucket, spec.name, data, current.revision, None
+                self._js, self._bucket, key, data, current.revisions.get(key, 0), None
             )
             if revision is None:
                 continue  # the job changed meanwhile: check the caller's revision again
+            for old_key, old_revision in current.live_keys:
+                if old_key == key:
+                    continue
+                if not await conditional_delete(self._js, self._bucket, old_key, old_revision):
+                    # Written meanwhile under its old key: undo the move, as a conflict.
+                    with contextlib.suppress(Exception):
+                        await conditional_delete(self._js, self._bucket, key, revision)
+                    raise ConflictError(
+                        f"job {spec.name!r} changed while it moved to key {key!r}: read it "
+                        "again and retry"
+                    )
             old = self._subject_of(current)
-            if old is not None and old != subject:
+            if claims is not None and old is not None and old != subject:
                 await self._release_subject(old, spec.name, claims)
             return revision
         raise ConflictError(
@@ -252,11 +296,16 @@ class JetStreamJobs:
             # Stale. Rewriting the holder's key makes its in-flight write, if any, fail.
             if other.data is not None:
                 rewritten = await conditional_put(
-                    self._js, self._bucket, holder, other.data, other.revision, None
+                    self._js, self._bucket, other.key, other.data, other.revision, None
                 )
                 touched = rewritten is not None
             else:
-                touched = await conditional_delete(self._js, self._bucket, holder, other.revision)
+                touched = all(
+                    [
+                        await conditional_delete(self._js, self._bucket, k, r)
+                        for k, r in other.revisions.items()
+                    ]
+                )
             if not touched:
                 return False
         # Also when this job holds it already: a new revision makes a concurrent take-over,
@@ -273,11 +322,28 @@ class JetStreamJobs:
                 await conditional_delete(self._js, claims, key, revision)
 
     async def delete(self, name: str, last_revision: int | None) -> None:
-        current = await self._stored(name) if self._claims is not None else None
-        await self._delete(name, last_revision)
-        subject = self._subject_of(current) if current is not None else None
-        if subject is not None and self._claims is not None:
-            await self._release_subject(subject, name, self._claims)
+        """Delete the job under every key it has, each compare-and-set on the revision just
+        read; with ``last_revision``, only if the job is still at that revision."""
+        for _ in range(WRITE_ATTEMPTS):
+            current = await self._stored(name)
+            if last_revision is not None and current.revision != last_revision:
+                raise ConflictError(
+                    f"job {name!r} changed since revision {last_revision}: read it again and retry"
+                )
+            removed = [
+                await conditional_delete(self._js, self._bucket, key, revision)
+                for key, revision in current.live_keys
+            ]
+            if all(removed):
+                subject = self._subject_of(current)
+                if subject is not None and self._claims is not None:
+                    await self._release_subject(subject, name, self._claims)
+                return
+            if last_revision is not None:
+                raise ConflictError(
+                    f"job {name!r} changed since revision {last_revision}: read it again and retry"
+                )
+        raise ConflictError(f"job {name!r} kept changing while it was deleted; retry")
 
     async def delete_many(
         self, items: Sequence[tuple[str, int | None]], *, in_flight: int = WRITE_IN_FLIGHT
@@ -286,28 +352,75 @@ class JetStreamJobs:
         time; the answer per item is None or the error ``delete`` would have raised."""
         return await _each(items, lambda item: self.delete(*item), in_flight)
 
-    async def _delete(self, name: str, last_revision: int | None) -> None:
-        try:
-            await self._kv.delete(name, last=last_revision)
-        except APIError as exc:
-            # nats-py raises its KeyWrongLastSequenceError only for some server answers; the
-            # server's own code says the same thing.
-            stale = isinstance(exc, KeyWrongLastSequenceError) or (
-                exc.err_code in WRONG_LAST_SEQUENCE
-            )
-            if not stale:
-                raise
-            raise ConflictError(
-                f"job {name!r} changed since revision {last_revision}: read it again and retry"
-            ) from None
-
     async def last_revision(self) -> int:
         info = await self._js.stream_info(f"KV_{self._bucket}")
         return int(info.state.last_seq or 0)
 
-    async def watch(self) -> AsyncIterator[JobEvent | None]:
-        async for entry in watch_entries(self._kv):
-            yield None if entry is None else self._event(entry)
+    async def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[JobEvent | None]:
+        """Every job's newest message, then None, then every change; with ``lanes``, only the
+        jobs of those lanes when the bucket has lanes (without lanes, every job: the caller
+        keeps what it holds)."""
+        keys = (
+            None
+            if lanes is None or not self.lanes
+            else [f"{partitions.KEY_PREFIX}{lane}.>" for lane in sorted(lanes)]
+        )
+        async for entry in watch_subjects(self._js, self._bucket, keys):
+            if entry is None:
+                yield None
+            elif entry.key != partitions.LAYOUT_KEY:
+                yield self._event(entry)
+
+    async def migrate(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Move every job stored under its bare name to its lane's key, then mark the bucket
+        as having lanes; returns how many moved. Each move is compare-and-set, so a job
+        edited meanwhile is read again and moved on the next pass."""
+        moved = 0
+        for _ in range(WRITE_ATTEMPTS):
+            legacy = [
+                entry
+                for entry in await snapshot(self._js, self._bucket)
+                if partitions.split_key(entry.key)[0] is None and entry.key != partitions.LAYOUT_KEY
+            ]
+            if not legacy:
+                break
+            for done, entry in enumerate(legacy, 1):
+                moved += await self._move_legacy(entry)
+                if progress is not None:
+                    progress(done, len(legacy))
+        await mark_lanes(self._js, self._bucket)
+        self.lanes = True
+        return moved
+
+    async def _move_legacy(self, entry: KeyValue.Entry) -> int:
+        data = entry.value or b""
+        try:
+            tags: Sequence[str] = decode_job(data, where=entry.key).tags
+        except Exception:
+            tags = ()  # unreadable: moved as it is, and still reported as a bad job
+        key = partitions.job_key(entry.key, tags)
+        revision, _ = await last_message(self._js, self._bucket, key)
+        written = await conditional_put(self._js, self._bucket, key, data, revision, None)
+        if written is None:
+            return 0
+        if not await conditional_delete(
+            self._js, self._bucket, entry.key, int(entry.revision or 0)
+        ):
+            with contextlib.suppress(Exception):
+                await conditional_delete(self._js, self._bucket, key, written)
+            return 0
+        return 1
+
+
+async def has_lanes(js: JetStreamContext, bucket: str) -> bool:
+    """Whether the jobs bucket has lanes: its layout marker is there."""
+    _, data = await last_message(js, bucket, partitions.LAYOUT_KEY)
+    return data == partitions.LAYOUT
+
+
+async def mark_lanes(js: JetStreamContext, bucket: str) -> None:
+    """Write the layout marker (once: a marker already there stays as it is)."""
+    await create_only(js, bucket, partitions.LAYOUT_KEY, partitions.LAYOUT)
 
 
 T = TypeVar("T")

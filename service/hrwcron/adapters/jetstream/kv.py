@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerInfo, DeliverPolicy
+from nats.js.api import ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import APIError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
@@ -210,6 +211,76 @@ async def latest(js: JetStreamContext, bucket: str) -> list[tuple[str, bytes, in
             continue
         found.append((subject[len(prefix) :], msg.data or b"", int(msg.seq or 0)))
     return found
+
+
+# Filter subjects per consumer: creating one with N filters costs the server more than N times
+# one filter's work (about 0.2 s at 1,400 filters, 3 s at 5,500), so a watch over many subjects
+# is several consumers of at most this many.
+FILTERS_PER_CONSUMER = 1024
+
+
+async def watch_subjects(
+    js: JetStreamContext, bucket: str, keys: Sequence[str] | None
+) -> AsyncIterator[KeyValue.Entry | None]:
+    """The newest message of every key matching one of ``keys`` (subject patterns inside the
+    bucket; None: every key), delete markers included, then None once every one of them has
+    arrived, then every change. Ordered consumers, so a gap makes the client start over from
+    where it was, and one consumer per FILTERS_PER_CONSUMER patterns."""
+    prefix = f"$KV.{bucket}."
+    chunks: list[list[str]] = (
+        [[f"{prefix}>"]]
+        if keys is None
+        else [
+            [prefix + key for key in keys[i : i + FILTERS_PER_CONSUMER]]
+            for i in range(0, len(keys), FILTERS_PER_CONSUMER)
+        ]
+    )
+    queue: asyncio.Queue[tuple[int, Msg]] = asyncio.Queue()
+    subscriptions = []
+    caught_up: set[int] = set()
+    try:
+        for index, filters in enumerate(chunks):
+
+            async def deliver(msg: Msg, index: int = index) -> None:
+                queue.put_nowait((index, msg))
+
+            config = ConsumerConfig(
+                filter_subjects=filters if len(filters) > 1 else None,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            )
+            subscription = await js.subscribe(
+                filters[0],
+                stream=f"KV_{bucket}",
+                cb=deliver,
+                ordered_consumer=True,
+                config=config,
+            )
+            subscriptions.append(subscription)
+            if nothing_to_read(await subscription.consumer_info()):
+                caught_up.add(index)
+        if len(caught_up) == len(chunks):
+            yield None
+        while True:
+            index, msg = await queue.get()
+            meta = msg.metadata
+            yield KeyValue.Entry(
+                bucket=bucket,
+                key=msg.subject[len(prefix) :],
+                value=msg.data,
+                revision=int(meta.sequence.stream),
+                delta=meta.num_pending,
+                created=meta.timestamp,  # type: ignore[arg-type]
+                operation=KV_DEL if no_value(msg.headers) else None,
+            )
+            if index not in caught_up and meta.num_pending == 0:
+                caught_up.add(index)
+                if len(caught_up) == len(chunks):
+                    yield None
+    finally:
+        for subscription in subscriptions:
+            # On a closed connection this raises, and would replace a cancellation.
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
 
 
 async def watch_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:

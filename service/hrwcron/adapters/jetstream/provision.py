@@ -21,6 +21,7 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
+from hrwcron.adapters.jetstream.jobs import mark_lanes
 from hrwcron.core.errors import StreamConfigError
 
 
@@ -145,6 +146,8 @@ async def provision(
             info = await js.stream_info(shape.stream)
         except NotFoundError:
             await _create(js, layout, shape)
+            if shape.stream == f"KV_{layout.jobs_bucket}":
+                await mark_lanes(js, layout.jobs_bucket)  # a new bucket has lanes from the start
             continue
         problems += _tampered(shape, info.config)
         if shape.stream == layout.stream:

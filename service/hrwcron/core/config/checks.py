@@ -40,6 +40,10 @@ _STREAM_FORBIDDEN = set(".*>/\\")
 _MAX_NATS_PAYLOAD = 64 * 1024 * 1024
 
 
+# More holders than this is every replica holding nearly everything: use 0.
+MAX_HOLDERS = 16
+
+
 def _url_problem(url: str) -> str | None:
     shown = repr(redact_url(url)[:200])
     try:
@@ -150,6 +154,11 @@ def check_scheduler(s: SchedulerConfig, c: Collector) -> None:
         c.add("scheduler.replicas", "must be between 1 and 5 (JetStream's limit)")
     if c.readable("scheduler.max_in_flight") and s.max_in_flight < 1:
         c.add("scheduler.max_in_flight", "must be at least 1")
+    if c.readable("scheduler.holders") and not 0 <= s.holders <= MAX_HOLDERS:
+        c.add(
+            "scheduler.holders",
+            f"must be between 0 (every replica holds every job) and {MAX_HOLDERS}",
+        )
     seen: dict[str, str] = {}
     for key in BUCKET_KEYS:
         name = getattr(s, key)

@@ -162,6 +162,10 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     # temporarily unavailable, timeouts) before it gives up; longer than a JetStream election.
     startup_timeout: float = 60.0
     max_in_flight: int = 512
+    # Replicas that hold each lane of jobs, the owner and who takes over (core/partitions.py):
+    # each replica holds about holders/N of the jobs. 0: every replica holds every job.
+    # The same on every replica.
+    holders: int = 0
     per_job_metrics: bool = True
     # CloudEvents headers on every trigger (binary mode of the NATS binding); off, a trigger
     # carries none and costs nothing more.
@@ -184,7 +188,11 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     def marks_subject(self) -> str:
         """Where replicas announce their progress marks: core NATS, never stored; one subject
         per deployment (its members bucket), so two deployments on one account stay apart."""
-        return f"{MARKS_SUBJECT_PREFIX}.{self.members_bucket}"
+        base = f"{MARKS_SUBJECT_PREFIX}.{self.members_bucket}"
+        # Holding shares, replicas rank each job among its lane's holders: their marks must
+        # never reach a replica that ranks among every member (another setting, an older
+        # version), which would take them for marks about jobs their owner does not hold.
+        return f"{base}.holders{self.holders}" if self.holders > 0 else base
 
 
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
