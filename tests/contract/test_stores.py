@@ -18,12 +18,13 @@ from typing import Any, TypeVar
 
 import nats
 import pytest
+from nats.js.api import KeyValueConfig
 
 from harness import NatsServer, wait_for_async
 from hrwcron.adapters.jetstream.claims import JetStreamClaims
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
 from hrwcron.adapters.jetstream.counts import JetStreamCounts
-from hrwcron.adapters.jetstream.jobs import JetStreamJobs
+from hrwcron.adapters.jetstream.jobs import JetStreamJobs, has_lanes
 from hrwcron.adapters.jetstream.kv import conditional_writes
 from hrwcron.adapters.jetstream.members import JetStreamMembers
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
@@ -36,9 +37,10 @@ from hrwcron.adapters.memory import (
     MemoryMembers,
     MemoryTriggers,
 )
+from hrwcron.core import partitions
 from hrwcron.core.config import NatsConfig
 from hrwcron.core.errors import ConflictError, DuplicateNodeError, SubjectTakenError
-from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
+from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec, encode
 from hrwcron.engine.ports import (
     HEADER_MSG_ID,
     HEADER_RUN,
@@ -836,3 +838,80 @@ async def test_delete_many_answers_each_job(backend: Backend) -> None:
     answers = await backend.jobs.delete_many([("a", first + 100), ("b", None)])
     assert isinstance(answers[0], ConflictError) and answers[1] is None
     assert set(await backend.jobs.snapshot()) == {"a"}
+
+
+def names_in_two_lanes() -> tuple[str, str, str]:
+    """Two job names in one lane and a third in another."""
+    first = "lane.a0"
+    lane = partitions.lane_of(first, ())
+    same = next(
+        f"lane.b{i}" for i in range(100_000) if partitions.lane_of(f"lane.b{i}", ()) == lane
+    )
+    other = next(f"lane.c{i}" for i in range(100) if partitions.lane_of(f"lane.c{i}", ()) != lane)
+    return first, same, other
+
+
+async def test_a_job_watch_over_lanes_gives_only_those_lanes(backend: Backend) -> None:
+    first, same, other = names_in_two_lanes()
+    await backend.jobs.put(spec(first), None)
+    await backend.jobs.put(spec(other), None)
+    feed = Stream(backend.jobs.watch([partitions.lane_of(first, ())]))
+    try:
+        initial = await feed.until(None)
+        assert {e.name for e in initial} == {first}
+        assert initial[0].key == partitions.job_key(first, ())
+        await backend.jobs.put(spec(other, paused=True), None)  # another lane: not delivered
+        written = await backend.jobs.put(spec(same), None)
+        event: JobEvent = await feed.next()
+        assert (event.name, event.revision) == (same, written)
+    finally:
+        await feed.close()
+
+
+async def test_a_job_that_gains_tags_moves_to_the_tagged_lane_as_one_job(backend: Backend) -> None:
+    first = await backend.jobs.put(spec("moving"), 0)
+    moved = await backend.jobs.put(spec("moving", tags=["gpu"]), first)
+    stored = await backend.jobs.get("moving")
+    assert stored is not None and stored.revision == moved
+    assert stored.spec == spec("moving", tags=["gpu"])
+    assert stored.key == partitions.job_key("moving", ["gpu"])
+    snapshot = await backend.jobs.snapshot()
+    assert [n for n in snapshot if n == "moving"] == ["moving"]
+    with pytest.raises(ConflictError):
+        await backend.jobs.put(spec("moving"), first)  # the revision read before the move
+    await backend.jobs.delete("moving", moved)
+    assert await backend.jobs.get("moving") is None
+    assert "moving" not in await backend.jobs.snapshot()
+
+
+async def test_jobs_stored_before_lanes_are_read_moved_and_migrated(
+    shared_server: NatsServer,
+) -> None:
+    bucket = f"legacy{next(_names)}_jobs"
+    client = await nats.connect(shared_server.url, connect_timeout=5)
+    try:
+        js = client.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket=bucket, history=5))
+        for name in ("old.one", "old.two", "old.tagged"):
+            tags = ["gpu"] if name == "old.tagged" else []
+            await kv.put(name, encode(spec(name, tags=tags)))
+        jobs = JetStreamJobs(js, kv, bucket, lanes=await has_lanes(js, bucket))
+        assert not jobs.lanes
+        seen = await jobs.get("old.one")
+        assert seen is not None and seen.key == "old.one" and seen.spec == spec("old.one")
+        # Without lanes a write keeps the bare key: replicas of an older version read it.
+        kept = await jobs.put(spec("old.one", paused=True), seen.revision)
+        assert (await jobs.get("old.one")).key == "old.one"  # type: ignore[union-attr]
+        assert await jobs.migrate() == 3
+        assert jobs.lanes and await has_lanes(js, bucket)
+        snapshot = await jobs.snapshot()
+        assert set(snapshot) == {"old.one", "old.two", "old.tagged"}
+        assert snapshot["old.one"].revision > kept
+        assert snapshot["old.tagged"].key == partitions.job_key("old.tagged", ["gpu"])
+        assert {partitions.split_key(k)[0] is None for k in await kv.keys()} == {False, True}
+        assert [k for k in await kv.keys() if partitions.split_key(k)[0] is None] == [
+            partitions.LAYOUT_KEY
+        ]
+        assert await jobs.migrate() == 0  # nothing left to move; the marker stays
+    finally:
+        await client.close()
