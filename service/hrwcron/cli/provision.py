@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
     from nats.js.api import StreamConfig
 
+    from hrwcron.process.app import Stores
+
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 30.0
@@ -61,7 +63,9 @@ def _cmd_provision(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         lines = asyncio.run(
-            asyncio.wait_for(provision_report(config, groups, subjects), args.timeout)
+            asyncio.wait_for(
+                provision_report(config, groups, subjects, migrate=args.migrate), args.timeout
+            )
         )
     except HrwcronError as exc:
         print(f"hrwcron provision: {exc}", file=sys.stderr)
@@ -98,10 +102,15 @@ def _resources(config: Config) -> list[tuple[str, str]]:
 
 
 async def provision_report(
-    config: Config, groups: Sequence[str] = (), subjects: Sequence[str] = ()
+    config: Config,
+    groups: Sequence[str] = (),
+    subjects: Sequence[str] = (),
+    *,
+    migrate: bool = False,
 ) -> list[str]:
     """Provision through :func:`hrwcron.process.app.open_stores` and describe each resource;
-    then create or verify the durable pull consumer of each worker group in ``groups``."""
+    then create or verify the durable pull consumer of each worker group in ``groups``; with
+    ``migrate``, move jobs stored before lanes to their lanes' keys."""
     # Imported here so the other subcommands start without loading the NATS client.
     from nats.errors import TimeoutError as NatsTimeout
     from nats.js.errors import NotFoundError
@@ -147,9 +156,35 @@ async def provision_report(
             lines.append(f"{label}: {state} ({_describe(info.config)})")
         for group in groups:
             lines.append(await worker_consumer(js, config.scheduler.stream, group, subjects))
+        if migrate:
+            lines.append(await migrate_jobs(stores))
+        elif not stores.jobs.lanes:
+            lines.append(
+                f"bucket {config.scheduler.jobs_bucket}: jobs stored before lanes; once every "
+                "replica runs this version, run hrwcron provision --migrate"
+            )
         return lines
     finally:
         await stores.client.close()
+
+
+async def migrate_jobs(stores: Stores) -> str:
+    """Move every job stored under its bare name to its lane's key, refused while a replica
+    of another version is live: older replicas read only bare-name keys."""
+    from hrwcron import __version__
+
+    others = sorted(
+        f"{node} ({record.heartbeat.version})"
+        for node, record in (await stores.members.snapshot()).items()
+        if record.heartbeat.version != __version__
+    )
+    if others:
+        raise NatsSetupError(
+            f"replicas of another version are running: {', '.join(others)}; upgrade every "
+            f"replica to {__version__} first, then run hrwcron provision --migrate again"
+        )
+    moved = await stores.jobs.migrate()
+    return f"jobs: {moved} moved to their lanes; the bucket has lanes"
 
 
 async def worker_consumer(
@@ -258,6 +293,13 @@ PROVISION = Verb(
             metavar="SUBJECT",
             help="a trigger subject the groups' consumers take (default: every job's, "
             "<subject_prefix>.>); repeat for more",
+        ),
+        arg(
+            "--migrate",
+            action="store_true",
+            help="move jobs stored by versions before lanes to their lanes' keys (every "
+            "replica must run this version; refused otherwise); restart the replicas after it "
+            "so they read only their lanes",
         ),
         arg(
             "--timeout",

@@ -190,6 +190,8 @@ class JobTable:
     async def _follow(self, lanes: frozenset[str] | None) -> None:
         task = asyncio.current_task()
         first = task is self._watch
+        if lanes is not None and len(lanes) > partitions.PARTITIONS:
+            lanes = None  # every lane: one watch of the whole bucket is cheaper than filters
         while not self.stopping:
             try:
                 # The initial state read after this covers every revision up to here, even

@@ -71,15 +71,16 @@ class Membership:
         self.candidates: list[Candidate] = []
         self.generation = 0  # bumped whenever the candidates change
         self._plain: list[tuple[bytes, str]] | None = []  # candidates for hrw.rank_prepared
-        # Holding a share (settings.holders): each lane's holders among the ready members (who
-        # fires) and among every live one (a member still loading holds its lanes already), and
-        # the lanes this replica holds under either.
+        # Holding a share (settings.holders): each lane's holders among the live members, and
+        # the lanes this replica holds.
         self._held = held
         self.lane_holders: dict[str, list[str]] = {}
+        self._live: list[Candidate] = []
         self._live_nodes: list[str] = []
-        self._live_holders: dict[str, list[str]] = {}
+        self._ready_nodes: frozenset[str] = frozenset()
         self.held: frozenset[str] | None = None
-        self.view_id = 0  # names the candidates and the holders setting: marks must agree on it
+        # Names the ready and the live members and the holders setting: marks must agree on it.
+        self.view_id = 0
         # A claim holder unheard for this long has missed a heartbeat: its claim is taken over.
         interval = settings.heartbeat_interval
         self._silence = interval + max(0.25, interval / 4)
@@ -130,37 +131,54 @@ class Membership:
         changed = candidates != self.candidates
         if changed:
             self.candidates = candidates
+            self._ready_nodes = frozenset(c.node for c in candidates)
             self._plain = hrw.prepare([c.node for c in candidates])
             if any(c.weight != 1.0 for c in candidates):
                 self._plain = None  # weighted: planner.ranking
+        if self.settings.holders > 0 and self._hold():
+            changed = True
+        if changed:
             self.generation += 1
             self.view_id = hrw.score(
-                repr([(c.node, c.weight) for c in candidates]), str(self.settings.holders)
+                repr([(c.node, c.weight) for c in candidates] + self._live_nodes),
+                str(self.settings.holders),
             )
-        if self.settings.holders > 0:
-            self._hold(changed)
         if ready_changed or changed:
             self._changed(ready_changed, changed)
         if changed:
             self._observer.membership([c.node for c in candidates], 0)
             log.info("live members: %s", ", ".join(c.node for c in candidates) or "none")
 
-    def _hold(self, candidates_changed: bool) -> None:
-        """Recompute the lanes held, from the ready members (who fires) and from every live
-        member: a replica joining holds its lanes from its first heartbeat, and the ones it
-        takes them from keep them until it is ready."""
-        holders = self.settings.holders
-        if candidates_changed:
-            self.lane_holders = partitions.holders_by_lane(self.candidates, holders)
+    def _hold(self) -> bool:
+        """Recompute each lane's holders from every live member, ready or not (a replica that
+        joins holds its lanes from its first heartbeat, so the others give them up at once
+        instead of when it is ready), and the lanes this replica holds; True when the live
+        members changed. Firing, a lane's holders count only while they are ready."""
         live = self.view.live(self.settings.weight, list(self.settings.tags))
-        live_nodes = [c.node for c in live]
-        if live_nodes != self._live_nodes:
-            self._live_nodes = live_nodes
-            self._live_holders = partitions.holders_by_lane(live, holders)
-        held = partitions.held_lanes(self.node, [self.lane_holders, self._live_holders])
+        if live == self._live:
+            return False
+        self._live = live
+        self._live_nodes = [c.node for c in live]
+        self.lane_holders = partitions.holders_by_lane(live, self.settings.holders)
+        held = partitions.held_lanes(self.node, [self.lane_holders])
         if held != self.held:
             self.held = held
             self._held(held)
+        return True
+
+    async def settle(self) -> None:
+        """Wait (at most a member TTL) until no member has joined or left for a heartbeat
+        interval: replicas started together would otherwise each read the lanes of a fleet
+        smaller than the one that is coming, and give most of them up again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.member_ttl
+        seen = self._live_nodes
+        while loop.time() < deadline:
+            await asyncio.sleep(self.settings.heartbeat_interval)
+            self.refresh()
+            if self._live_nodes == seen:
+                return
+            seen = self._live_nodes
 
     # ------------------------------------------------------------------------ the ranking
 
@@ -172,12 +190,7 @@ class Membership:
         plain = self._plain
         lane_holders = self.lane_holders.get(job.lane) if self.settings.holders > 0 else None
         if lane_holders is not None:
-            if plain is not None:
-                order = hrw.rank(job.spec.name, lane_holders)
-            else:
-                order = ranking(
-                    job.spec.name, (), [c for c in self.candidates if c.node in lane_holders]
-                )
+            order = self._among(job.spec.name, lane_holders)
         elif plain is not None and not job.spec.tags:
             order = hrw.rank_prepared(job.spec.name, plain)
         else:
@@ -186,13 +199,20 @@ class Membership:
         job.my_rank = order.index(self.node) if self.node in order else -1
         job.order_generation = self.generation
 
+    def _among(self, name: str, holders: list[str]) -> list[str]:
+        """The ready ones of a lane's holders, in the job's HRW order."""
+        ready = [node for node in holders if node in self._ready_nodes]
+        if self._plain is not None:
+            return hrw.rank(name, ready)
+        return ranking(name, (), [c for c in self.candidates if c.node in ready])
+
     def ranking_of(self, name: str, tags: list[str]) -> list[str]:
-        """Every eligible candidate for the job, the ones that would fire it first."""
+        """The candidates that would fire the job, in order: holding shares, its lane's ready
+        holders (then every other candidate, who would hold it after a change of members)."""
         order = ranking(name, tags, self.candidates)
         if self.settings.holders <= 0 or tags:
             return order
-        holders = self.lane_holders.get(partitions.lane_of(name, tags), [])
-        first = ranking(name, (), [c for c in self.candidates if c.node in holders])
+        first = self._among(name, self.lane_holders.get(partitions.lane_of(name, tags), []))
         return first + [node for node in order if node not in first]
 
     # ------------------------------------------------------------------ claim holders

@@ -306,6 +306,8 @@ class Scheduler:
         self._spawn(membership.heartbeat_loop(), "heartbeat")
         self._spawn(self._ledger.follow(live=self._marks is None), "trigger-feed")
         await _wait_event(self._ledger.loaded, 30, "trigger history")
+        if self.settings.holders > 0:
+            await membership.settle()
         self._table.start_watch()
         await _wait_event(self._table.loaded, 60, "job list")
         self._spawn(self._table.guard(), "jobs-watch-guard")

@@ -187,6 +187,7 @@ class JetStreamJobs:
         over like one left by a crash between the two writes."""
         if not creates:
             return
+        await self._learn_lanes()
         claim_writes = [
             (
                 f"$KV.{claims}.{SUBJECT_CLAIM}{items[i][0].trigger_subject(self._prefix)}",
@@ -212,12 +213,10 @@ class JetStreamJobs:
                 results[index] = answer
 
     def _keys_of(self, name: str) -> tuple[str, ...]:
-        """Every key the job may be under: its lane, the tagged lane, its bare name."""
-        return (
-            partitions.job_key(name, ()),
-            partitions.job_key(name, (partitions.TAGGED,)),
-            name,
-        )
+        """Every key the job may be under: its lane, the tagged lane, and its bare name until
+        the bucket has lanes (migrating leaves none, and no writer adds one after it)."""
+        lanes = (partitions.job_key(name, ()), partitions.job_key(name, (partitions.TAGGED,)))
+        return lanes if self.lanes else (*lanes, name)
 
     async def _stored(self, name: str) -> _Stored:
         keys = self._keys_of(name)
@@ -242,7 +241,14 @@ class JetStreamJobs:
     def _subject_of(self, stored: _Stored) -> str | None:
         return stored.spec.trigger_subject(self._prefix) if stored.spec is not None else None
 
+    async def _learn_lanes(self) -> None:
+        """A bucket without lanes is looked at again before each write: once it is migrated,
+        a bare-name key would be invisible to replicas that watch only their lanes."""
+        if not self.lanes:
+            self.lanes = await has_lanes(self._js, self._bucket)
+
     async def _write(self, spec: JobSpec, last_revision: int | None, claims: str | None) -> int:
+        await self._learn_lanes()
         key = self._key(spec)
         subject = spec.trigger_subject(self._prefix)
         data = encode(spec)
