@@ -20,6 +20,7 @@ from hrwcron.core.runcount import RunCount
 from hrwcron.engine.marks import Mark
 from hrwcron.engine.ports import (
     ClaimWrite,
+    Covered,
     JobEvent,
     MemberRecord,
 )
@@ -251,19 +252,27 @@ class MemoryJobs:
     async def last_revision(self) -> int:
         return self._bucket.revision
 
-    async def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[JobEvent | None]:
+    def nudge(self) -> None:
+        """Its watches say how far they have got after every change already."""
+
+    async def watch(
+        self, lanes: Collection[str] | None = None
+    ) -> AsyncIterator[JobEvent | Covered | None]:
         def wanted(key: str) -> bool:
             return lanes is None or partitions.split_key(key)[0] in lanes
 
         changes = self._bucket.changes(self._bucket.subscribe())
+        covered = self._bucket.revision
         for key, entry in self._bucket.items().items():
             if wanted(key):
                 yield self._event(key, entry)
         yield None
+        yield Covered(covered)
         async for key, value, revision in changes:
             if wanted(key):
                 _, name = partitions.split_key(key)
                 yield JobEvent(name, value, revision, written_ms=time.time() * 1000, key=key)
+            yield Covered(revision)
 
 
 class MemoryMarks:

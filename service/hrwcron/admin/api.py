@@ -106,6 +106,9 @@ class ListJobs(_Request):
     after: str = ""  # page cursor: only names sorting after this one
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_LIST)] = 1_000
     max_bytes: MaxBytes = 0
+    # Between replicas that hold shares: only the jobs of the lanes the answering replica
+    # lists (those it is the first live holder of), for the replica that merges the pages.
+    share: bool = False
 
 
 class JobEntry(msgspec.Struct, kw_only=True):

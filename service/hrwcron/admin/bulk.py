@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from hrwcron.admin.api import (
     decode_request,
 )
 from hrwcron.admin.replies import subject_taken
+from hrwcron.core import partitions
 from hrwcron.core.errors import (
     ConflictError,
     Problem,
@@ -28,6 +30,8 @@ from hrwcron.core.errors import (
 )
 from hrwcron.core.model import JobSpec, encode, job_name_problem
 from hrwcron.engine.ports import (
+    JobEvent,
+    JobsEditor,
     StoreRefused,
     StoreUnavailable,
 )
@@ -35,12 +39,18 @@ from hrwcron.engine.scheduler import Scheduler
 
 log = logging.getLogger("hrwcron.admin")
 
+# Jobs of a bulk request read from the bucket at a time (those other replicas hold).
+READS_IN_FLIGHT = 256
+
 
 class BulkPlan:
     """The answers to one bulk request as its items are checked, and what is left to write."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, elsewhere: dict[str, JobEvent] | None = None) -> None:
+        """``elsewhere``: the stored jobs of this request that other replicas hold, as read
+        from the bucket (a replica holding a share knows only its own)."""
         self._scheduler = scheduler
+        self._elsewhere = elsewhere or {}
         self._prefix = scheduler.settings.subject_prefix
         self.puts: list[JobOutcome] = []
         self.deletes: list[JobOutcome] = []
@@ -50,10 +60,20 @@ class BulkPlan:
         self._names: set[str] = set()
         self._subjects: dict[str, str] = {}
 
+    def _stored_spec(self, name: str) -> JobSpec | None:
+        job = self._scheduler.jobs.get(name)
+        if job is not None:
+            return job.spec
+        stored = self._elsewhere.get(name)
+        return stored.spec if stored is not None else None
+
     def _stored_revision(self, name: str) -> int:
         job = self._scheduler.jobs.get(name)
         if job is not None:
             return job.revision
+        stored = self._elsewhere.get(name)
+        if stored is not None:
+            return stored.revision
         skipped = self._scheduler.skipped.get(name)
         return skipped[0] if skipped is not None else 0
 
@@ -94,9 +114,9 @@ class BulkPlan:
             self.puts.append(self._refuse(spec.name, "refused", problems))
             return
         self._subjects[subject] = spec.name  # only an accepted job holds it in the request
-        current = self._scheduler.jobs.get(spec.name)
+        current = self._stored_spec(spec.name)
         stored = self._stored_revision(spec.name)
-        if current is not None and encode(current.spec) == encode(spec):
+        if current is not None and encode(current) == encode(spec):
             self.puts.append(JobOutcome(name=spec.name, outcome="unchanged", revision=stored))
             return
         conflict = revision_conflict(spec.name, item.revision, stored)
@@ -184,6 +204,32 @@ def failed_write(name: str, error: Exception, subject_field: str) -> JobOutcome:
         log.error("bulk write of %s failed: %s: %s", name, type(error).__name__, error)
     problem = ProblemBody(field="", message=f"NATS did not confirm the write ({error!r}); retry")
     return JobOutcome(name=name, outcome="failed", problems=[problem])
+
+
+async def read_elsewhere(
+    scheduler: Scheduler, jobs: JobsEditor, raws: list[msgspec.Raw], names: list[str]
+) -> dict[str, JobEvent]:
+    """The stored jobs a bulk request names that this replica does not hold (holding a
+    share), read from the bucket a bounded number at a time."""
+    held = scheduler.held_lanes
+    if held is None:
+        return {}
+    wanted = {
+        name
+        for name in [*(name_in(raw) for raw in raws), *names]
+        if name
+        and name not in scheduler.jobs
+        and partitions.lane_of(name, ()) not in held
+        and job_name_problem(name) is None
+    }
+    slots = asyncio.Semaphore(READS_IN_FLIGHT)
+
+    async def read(name: str) -> tuple[str, JobEvent | None]:
+        async with slots:
+            return name, await jobs.get(name)
+
+    found = await asyncio.gather(*(read(name) for name in sorted(wanted)))
+    return {name: event for name, event in found if event is not None}
 
 
 def name_in(raw: msgspec.Raw) -> str:

@@ -4,8 +4,8 @@ lookups in them that wait briefly for a write made through another replica."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 import msgspec
 from nats.aio.client import Client
@@ -14,6 +14,7 @@ from nats.micro.service import Service
 from hrwcron.admin.api import (
     ADMIN_PREFIX,
 )
+from hrwcron.admin.forward import FORWARD_TIMEOUT, node_subject, relayed_error
 from hrwcron.admin.replies import CATCH_UP_S, REPLY_RESERVE, ApiError, Page
 from hrwcron.core.errors import Problem
 from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec
@@ -24,6 +25,8 @@ from hrwcron.engine.ports import (
     TriggersPort,
 )
 from hrwcron.engine.scheduler import Scheduler
+
+R = TypeVar("R", bound=msgspec.Struct)
 
 # Jobs a reading handler walks before it lets the event loop run ticks again.
 SLICE = 5_000
@@ -57,6 +60,7 @@ class ServiceContext:
         self._names: tuple[int, list[str]] = (-1, [])
         self._service: Service | None = None  # the micro service, once started
         self.refused_replies = 0  # requests dropped for a reply subject that is no inbox
+        self.sent_on = 0  # requests about a job held elsewhere, sent on to a holder
         self._on_refused = on_refused_reply
 
     async def _stored(self, name: str) -> JobEvent:
@@ -96,6 +100,38 @@ class ServiceContext:
                 )
             await asyncio.sleep(0.05)
 
+    async def _ask_every_member(
+        self, verb: str, request: msgspec.Struct, reply_type: type[R]
+    ) -> list[R]:
+        """``request`` asked of every live member on its own subjects (of this replica in
+        process), each answer decoded; ``unavailable`` when one of them does not answer."""
+        scheduler = self._scheduler
+
+        async def ask(node: str) -> R:
+            if node == scheduler.node:
+                answer: Any = await self._handler_of(verb)(request)
+                return cast(R, answer)
+            subject = node_subject(self.prefix, node, verb)
+            try:
+                msg = await self._client.request(
+                    subject, msgspec.json.encode(request), timeout=FORWARD_TIMEOUT
+                )
+            except Exception as exc:
+                raise ApiError(
+                    "unavailable", f"replica {node} did not answer its share ({exc!r}); retry"
+                ) from None
+            relayed = relayed_error(msg)
+            if relayed is not None:
+                raise ApiError(
+                    "unavailable", f"replica {node} could not answer its share: {relayed[1]}"
+                )
+            return msgspec.json.decode(msg.data, type=reply_type)
+
+        return list(await asyncio.gather(*(ask(node) for node in scheduler.live_nodes)))
+
+    def _handler_of(self, verb: str) -> Callable[[Any], Awaitable[msgspec.Struct]]:
+        raise NotImplementedError  # the service's table of handlers
+
     def _page(self, max_bytes: int, envelope: msgspec.Struct) -> Page:
         """A page of at most ``max_bytes`` (0: as much as one message carries)."""
         hard = self._client.max_payload - REPLY_RESERVE
@@ -106,6 +142,8 @@ class ServiceContext:
         waiting up to CATCH_UP_S for its watch; a write through another replica a moment ago
         is then in the view."""
         newest = await self._jobs.last_revision()
+        if self._scheduler.settings.holders > 0:
+            self._jobs.nudge()  # its watches see the bucket move in lanes they do not hold
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CATCH_UP_S
         while self._scheduler.jobs_revision < newest:

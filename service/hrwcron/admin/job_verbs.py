@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import heapq
 import logging
 
 import msgspec
@@ -22,7 +23,7 @@ from hrwcron.admin.api import (
     PutJobs,
     PutResult,
 )
-from hrwcron.admin.bulk import BulkPlan, failed_write, fit_bulk
+from hrwcron.admin.bulk import BulkPlan, failed_write, fit_bulk, name_in, read_elsewhere
 from hrwcron.admin.context import SLICE, ServiceContext
 from hrwcron.admin.replies import (
     REPLY_RESERVE,
@@ -57,9 +58,11 @@ class JobVerbs(ServiceContext):
         has caught up with the bucket (``unavailable`` when it stays behind, e.g. while it
         loads a large apply): a page costs its own entries, not a read of every job. Specs
         the replica skipped are read from the bucket as they are."""
+        if self._scheduler.settings.holders > 0 and not request.share:
+            return await self._list_everywhere(request)
         if not await self._caught_up():
             raise behind()
-        names = self._stored_names()
+        names = self._listed_names() if request.share else self._stored_names()
         low, high = prefix_range(names, request.prefix)
         start = max(low, bisect.bisect_right(names, request.after)) if request.after else low
         chosen = names[start:high][: request.limit]
@@ -87,6 +90,37 @@ class JobVerbs(ServiceContext):
         last = entries[-1].name if entries else ""
         more = bool(entries) and bisect.bisect_right(names, last) < high
         return JobList(jobs=entries, next=last if more else "", total=high - low)
+
+    async def _list_everywhere(self, request: ListJobs) -> JobList:
+        """A page of every stored job when each replica holds a share: the same page asked
+        of every live member for the lanes it lists, merged in name order. A page of one
+        member stops at its ``max_bytes``; the merged page then stops at that member's last
+        name, so the next page misses nothing of it."""
+        asked = msgspec.structs.replace(request, share=True)
+        pages = await self._ask_every_member("jobs.list", asked, JobList)
+        total = sum(page.total for page in pages)
+        short = [page.jobs[-1].name for page in pages if page.next and page.jobs]
+        upto = min(short) if short else None
+        merged = heapq.merge(*(page.jobs for page in pages), key=lambda entry: entry.name)
+        page = self._page(request.max_bytes, JobList(jobs=[], total=total))
+        entries: list[JobEntry] = []
+        more = False
+        for entry in merged:
+            if (upto is not None and entry.name > upto) or len(entries) == request.limit:
+                more = True
+                break
+            if not page.fits(entry, first=not entries):
+                more = True
+                break
+            entries.append(entry)
+        more = more or upto is not None
+        return JobList(jobs=entries, next=entries[-1].name if more and entries else "", total=total)
+
+    def _listed_names(self) -> list[str]:
+        """The names this replica lists for a merged page: its held jobs of the lanes it is
+        the first live holder of (core/partitions.py), the tagged lane's when it is first."""
+        scheduler = self._scheduler
+        return sorted(name for name in self._stored_names() if scheduler.lists(name))
 
     async def _skipped_entry(self, name: str) -> JobEntry | None:
         stored = await self._jobs.get(name)
@@ -147,7 +181,9 @@ class JobVerbs(ServiceContext):
         compare-and-set and holding its subject claim, and each answered on its own."""
         if not await self._caught_up():
             raise behind()
-        plan = BulkPlan(self._scheduler)
+        deleted = [name_in(raw) for raw in request.delete]
+        elsewhere = await read_elsewhere(self._scheduler, self._jobs, request.jobs, deleted)
+        plan = BulkPlan(self._scheduler, elsewhere)
         allowance = Allowance(BULK_SEARCH_BUDGET)
         slices = Slices()
         for index, raw in enumerate(request.jobs):

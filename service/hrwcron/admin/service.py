@@ -31,6 +31,7 @@ from hrwcron.admin.api import (
     subject,
 )
 from hrwcron.admin.context import REPLY_PREFIXES
+from hrwcron.admin.forward import holder_for, node_subject, relayed_error, send_to
 from hrwcron.admin.job_verbs import JobVerbs
 from hrwcron.admin.replies import (
     MAX_ERROR_REPLY,
@@ -77,6 +78,9 @@ class AdminService(JobVerbs, RunVerbs):
             "history": self.history,
         }
 
+    def _handler_of(self, verb: str) -> Handler:
+        return self._handlers[verb]
+
     @property
     def service(self) -> Service | None:
         return self._service
@@ -91,13 +95,22 @@ class AdminService(JobVerbs, RunVerbs):
             metadata={"node": settings.node_id, "prefix": self.prefix},
             queue_group=QUEUE_GROUP,
         )
+        node = settings.node_id
         try:
             for verb, handler in self._handlers.items():
                 await service.add_endpoint(
                     name=verb.replace(".", "-"),
                     subject=subject(verb, self.prefix),
-                    handler=self._endpoint(verb, handler),
+                    handler=self._endpoint(verb, handler, send_on=settings.holders > 0),
                 )
+                if settings.holders > 0:
+                    # This replica's own subjects: what other replicas send on to it.
+                    await service.add_endpoint(
+                        name=f"node-{verb.replace('.', '-')}",
+                        subject=node_subject(self.prefix, node, verb),
+                        queue_group=f"{QUEUE_GROUP}-{node}",
+                        handler=self._endpoint(verb, handler, send_on=False),
+                    )
         except BaseException:
             await service.stop()
             raise
@@ -123,7 +136,10 @@ class AdminService(JobVerbs, RunVerbs):
 
     # ------------------------------------------------------------------------- plumbing
 
-    def _endpoint(self, verb: str, handler: Handler) -> Callable[[Request], Awaitable[None]]:
+    def _endpoint(
+        self, verb: str, handler: Handler, *, send_on: bool = False
+    ) -> Callable[[Request], Awaitable[None]]:
+        """``send_on``: a request about a job another replica holds goes on to it."""
         request_type = REQUEST_TYPES[verb]
 
         async def serve(request: Request) -> None:
@@ -137,6 +153,16 @@ class AdminService(JobVerbs, RunVerbs):
                     parsed = decode_request(request.data, request_type)
                 except RequestProblem as exc:
                     raise bad(exc.field, exc.message) from None
+                holder = holder_for(self._scheduler, verb, parsed) if send_on else None
+                if holder is not None:
+                    self.sent_on += 1
+                    answer = await send_to(self._client, self.prefix, holder, verb, request.data)
+                    relayed = relayed_error(answer)
+                    if relayed is None:
+                        await request.respond(answer.data)
+                    else:
+                        await request.respond_error(relayed[0], relayed[1], data=answer.data)
+                    return
                 reply = msgspec.json.encode(await handler(parsed))
                 limit = self._client.max_payload
                 if len(reply) > limit:

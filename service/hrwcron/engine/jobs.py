@@ -25,7 +25,7 @@ from hrwcron.core.planner import first_due
 from hrwcron.core.schedule import Schedule, jitter_ms
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.pacing import Slices
-from hrwcron.engine.ports import JobEvent, JobsPort, LastTrigger, Observer
+from hrwcron.engine.ports import Covered, JobEvent, JobsPort, LastTrigger, Observer
 from hrwcron.engine.settings import Settings
 
 log = logging.getLogger("hrwcron.scheduler")
@@ -125,6 +125,7 @@ class JobTable:
         self.held: frozenset[str] | None = None
         self._lane_watches: dict[asyncio.Task[None], frozenset[str]] = {}
         self._catching_up: set[asyncio.Task[None]] = set()
+        self._covered: dict[asyncio.Task[None], int] = {}  # what each watch has delivered
 
     # --------------------------------------------------------------------------- the watch
 
@@ -135,6 +136,7 @@ class JobTable:
             task.cancel()
         self._lane_watches.clear()
         self._catching_up.clear()
+        self._covered.clear()
         self._watch = self._spawn(self._follow(self.held), "jobs-watch")
 
     @property
@@ -160,11 +162,20 @@ class JobTable:
                     task.cancel()
                     del self._lane_watches[task]
                     self._catching_up.discard(task)
+                    self._covered.pop(task, None)
         added = lanes - before
         if added:
             task = self._spawn(self._follow(added), "jobs-watch-lanes")
             self._lane_watches[task] = added
             self._catching_up.add(task)
+
+    def lane_of(self, name: str) -> str | None:
+        """The lane of a stored job this replica holds (loaded or skipped)."""
+        job = self.jobs.get(name)
+        if job is not None:
+            return job.lane
+        skipped = self._skipped_lanes.get(name)
+        return skipped[1] if skipped is not None else None
 
     def _drop_unheld(self) -> None:
         held = self.held
@@ -187,6 +198,18 @@ class JobTable:
         self._hooks.runs_unknown(job.spec.name)
         self._hooks.removed(job)
 
+    def _cover(self, task: asyncio.Task[None] | None, revision: int) -> None:
+        """A watch delivered every change up to ``revision``. Holding a share, the table
+        holds every change up to the least of its watches' revisions."""
+        if task is None:
+            return
+        self._covered[task] = revision
+        if self.held is None:
+            self.revision = max(self.revision, revision)
+            return
+        watches = [self._watch, *self._lane_watches]
+        self.revision = min(self._covered.get(t, 0) for t in watches if t is not None)
+
     async def _follow(self, lanes: frozenset[str] | None) -> None:
         task = asyncio.current_task()
         first = task is self._watch
@@ -208,12 +231,16 @@ class JobTable:
                             gc.freeze()
                         if first:
                             self.loaded.set()
-                            self.revision = max(self.revision, covered)
+                            if self.held is None:
+                                self.revision = max(self.revision, covered)
                         elif task in self._catching_up:
                             self._catching_up.discard(task)
                             log.info("took on %d lanes of jobs", len(lanes or ()))
                         continue
-                    if first or task not in self._catching_up:
+                    if isinstance(event, Covered):
+                        self._cover(task, event.revision)
+                        continue
+                    if self.held is None:
                         self.revision = max(self.revision, event.revision)
                     self.apply(event)
                     if slices.spent():

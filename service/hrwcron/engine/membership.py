@@ -206,6 +206,22 @@ class Membership:
             return hrw.rank(name, ready)
         return ranking(name, (), [c for c in self.candidates if c.node in ready])
 
+    @property
+    def live_nodes(self) -> list[str]:
+        if self.settings.holders > 0:
+            return list(self._live_nodes)
+        return [c.node for c in self.view.live(self.settings.weight, list(self.settings.tags))]
+
+    def first_holder(self, lane: str) -> str | None:
+        """The lane's first live holder; of the tagged lane, the first live member."""
+        if lane == partitions.TAGGED:
+            return self._live_nodes[0] if self._live_nodes else None
+        holders = self.lane_holders.get(lane)
+        return holders[0] if holders else None
+
+    def order_in_lane(self, name: str, lane: str) -> list[str]:
+        return self._among(name, self.lane_holders.get(lane, []))
+
     def ranking_of(self, name: str, tags: list[str]) -> list[str]:
         """The candidates that would fire the job, in order: holding shares, its lane's ready
         holders (then every other candidate, who would hold it after a change of members)."""

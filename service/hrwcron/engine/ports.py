@@ -117,6 +117,15 @@ class JobEvent:
     key: str = ""  # the bucket key it came from (core/partitions.py); empty: the name
 
 
+@dataclass(frozen=True, slots=True)
+class Covered:
+    """From a jobs watch: every change up to ``revision`` of the jobs it watches has been
+    delivered (a watch over some lanes sees the bucket move in others, so the revision of its
+    last event says nothing of that)."""
+
+    revision: int
+
+
 class MembersPort(Protocol):
     async def register(self, node: str, heartbeat: Heartbeat, wait: float) -> int: ...
     async def beat(self, node: str, heartbeat: Heartbeat, last_revision: int) -> int: ...
@@ -185,8 +194,11 @@ class JobsEditor(Protocol):
 
 
 class JobsPort(JobsEditor, Protocol):
-    def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[JobEvent | None]:
-        """Every job's newest state, then None, then every change. With ``lanes``
+    def watch(
+        self, lanes: Collection[str] | None = None
+    ) -> AsyncIterator[JobEvent | Covered | None]:
+        """Every job's newest state, then None, then every change, and from time to time how
+        far it has delivered everything (:class:`Covered`). With ``lanes``
         (core/partitions.py) the store may leave out the jobs of other lanes; the caller
         keeps only what it holds either way."""
         ...
@@ -202,6 +214,10 @@ class JobsPort(JobsEditor, Protocol):
 
     async def last_revision(self) -> int:
         """The newest revision written to the bucket, deletions included (0 when empty)."""
+        ...
+
+    def nudge(self) -> None:
+        """Have every watch say how far it has got (:class:`Covered`) as soon as it can."""
         ...
 
 

@@ -412,6 +412,29 @@ class Scheduler:
         """The loaded job that publishes on ``subject``, if any."""
         return self._table.by_subject.get(subject)
 
+    @property
+    def live_nodes(self) -> list[str]:
+        """Every live member, ready or not, this replica included."""
+        return self._membership.live_nodes
+
+    def lists(self, name: str) -> bool:
+        """Whether this replica lists the job in a listing merged from every member's share:
+        it is the first live holder of the job's lane (of the tagged lane, the first live
+        member)."""
+        lane = self._table.lane_of(name)
+        if lane is None:
+            return False
+        return self._membership.first_holder(lane) == self.node
+
+    @property
+    def held_lanes(self) -> frozenset[str] | None:
+        """The lanes of jobs this replica holds; None: it holds every job."""
+        return self._table.held
+
+    def ranking_of_lane(self, name: str, lane: str) -> list[str]:
+        """Who fires a job of ``lane`` first: its lane's ready holders in the job's order."""
+        return self._membership.order_in_lane(name, lane)
+
     def ranking_of(self, name: str) -> list[str]:
         job = self.jobs.get(name)
         return self._membership.ranking_of(name, job.spec.tags if job else [])

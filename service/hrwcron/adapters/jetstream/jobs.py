@@ -31,7 +31,7 @@ from hrwcron.core.model import (
     decode_job,
     encode,
 )
-from hrwcron.engine.ports import JobEvent, StoreUnavailable
+from hrwcron.engine.ports import Covered, JobEvent, StoreUnavailable
 
 # Subject claims live in the claims bucket under keys that no tick claim can have: a claim key
 # starts with a job name, whose tokens never hold '='.
@@ -96,6 +96,7 @@ class JetStreamJobs:
         subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
         pipeline: JetStreamPipeline | None = None,
         lanes: bool = True,
+        covered_every: float = 5.0,
     ) -> None:
         self._js = js
         self._kv = kv
@@ -104,6 +105,8 @@ class JetStreamJobs:
         self._prefix = subject_prefix
         self._pipeline = pipeline
         self.lanes = lanes
+        self._covered_every = covered_every  # how often a watch says how far it has got
+        self._nudge = asyncio.Event()
 
     def _key(self, spec: JobSpec) -> str:
         return partitions.job_key(spec.name, spec.tags) if self.lanes else spec.name
@@ -362,7 +365,9 @@ class JetStreamJobs:
         info = await self._js.stream_info(f"KV_{self._bucket}")
         return int(info.state.last_seq or 0)
 
-    async def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[JobEvent | None]:
+    async def watch(
+        self, lanes: Collection[str] | None = None
+    ) -> AsyncIterator[JobEvent | Covered | None]:
         """Every job's newest message, then None, then every change; with ``lanes``, only the
         jobs of those lanes when the bucket has lanes (without lanes, every job: the caller
         keeps what it holds)."""
@@ -371,11 +376,19 @@ class JetStreamJobs:
             if lanes is None or not self.lanes
             else [f"{partitions.KEY_PREFIX}{lane}.>" for lane in sorted(lanes)]
         )
-        async for entry in watch_subjects(self._js, self._bucket, keys):
+        async for entry in watch_subjects(
+            self._js, self._bucket, keys, check_every=self._covered_every, nudge=self._nudge
+        ):
             if entry is None:
                 yield None
+            elif isinstance(entry, int):
+                yield Covered(entry)
             elif entry.key != partitions.LAYOUT_KEY:
                 yield self._event(entry)
+
+    def nudge(self) -> None:
+        """Have every watch say how far it has got as soon as it can."""
+        self._nudge.set()
 
     async def migrate(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Move every job stored under its bare name to its lane's key, then mark the bucket

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -220,12 +221,24 @@ FILTERS_PER_CONSUMER = 1024
 
 
 async def watch_subjects(
-    js: JetStreamContext, bucket: str, keys: Sequence[str] | None
-) -> AsyncIterator[KeyValue.Entry | None]:
+    js: JetStreamContext,
+    bucket: str,
+    keys: Sequence[str] | None,
+    *,
+    check_every: float = 5.0,
+    nudge: asyncio.Event | None = None,
+) -> AsyncIterator[KeyValue.Entry | int | None]:
     """The newest message of every key matching one of ``keys`` (subject patterns inside the
     bucket; None: every key), delete markers included, then None once every one of them has
     arrived, then every change. Ordered consumers, so a gap makes the client start over from
-    where it was, and one consumer per FILTERS_PER_CONSUMER patterns."""
+    where it was, and one consumer per FILTERS_PER_CONSUMER patterns.
+
+    An int is a revision up to which every matching change has been delivered: after the
+    initial values, then every ``check_every`` seconds (and when ``nudge`` is set) once each
+    consumer says it has nothing pending and has sent nothing not yet delivered here. A
+    consumer that is gone (a server restarted) ends the watch with StoreUnavailable, for the
+    caller to start it again."""
+    stream = f"KV_{bucket}"
     prefix = f"$KV.{bucket}."
     chunks: list[list[str]] = (
         [[f"{prefix}>"]]
@@ -238,7 +251,12 @@ async def watch_subjects(
     queue: asyncio.Queue[tuple[int, Msg]] = asyncio.Queue()
     subscriptions = []
     caught_up: set[int] = set()
+    # Per consumer, the consumer sequence of the newest message yielded: what it has sent
+    # that is not yet here is what its own count says on top of that.
+    delivered: list[tuple[str, int]] = [("", 0)] * len(chunks)
+    loop = asyncio.get_running_loop()
     try:
+        start = int((await js.stream_info(stream)).state.last_seq or 0)
         for index, filters in enumerate(chunks):
 
             async def deliver(msg: Msg, index: int = index) -> None:
@@ -249,38 +267,95 @@ async def watch_subjects(
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
             )
             subscription = await js.subscribe(
-                filters[0],
-                stream=f"KV_{bucket}",
-                cb=deliver,
-                ordered_consumer=True,
-                config=config,
+                filters[0], stream=stream, cb=deliver, ordered_consumer=True, config=config
             )
             subscriptions.append(subscription)
             if nothing_to_read(await subscription.consumer_info()):
                 caught_up.add(index)
         if len(caught_up) == len(chunks):
             yield None
+            yield start
+        next_check = loop.time() + check_every
+        nudged = nudge or asyncio.Event()
         while True:
-            index, msg = await queue.get()
-            meta = msg.metadata
-            yield KeyValue.Entry(
-                bucket=bucket,
-                key=msg.subject[len(prefix) :],
-                value=msg.data,
-                revision=int(meta.sequence.stream),
-                delta=meta.num_pending,
-                created=meta.timestamp,  # type: ignore[arg-type]
-                operation=KV_DEL if no_value(msg.headers) else None,
-            )
-            if index not in caught_up and meta.num_pending == 0:
-                caught_up.add(index)
-                if len(caught_up) == len(chunks):
-                    yield None
+            if not queue.empty():
+                index, msg = queue.get_nowait()
+            elif nudged.is_set():
+                index = -1
+                next_check = loop.time()
+            else:
+                index, msg = await _next_or_check(queue, nudged, next_check - loop.time())
+                if index < 0 and nudged.is_set():
+                    next_check = loop.time()
+            if index >= 0:
+                meta = msg.metadata
+                delivered[index] = (meta.consumer or "", int(meta.sequence.consumer))
+                yield KeyValue.Entry(
+                    bucket=bucket,
+                    key=msg.subject[len(prefix) :],
+                    value=msg.data,
+                    revision=int(meta.sequence.stream),
+                    delta=meta.num_pending,
+                    created=meta.timestamp,  # type: ignore[arg-type]
+                    operation=KV_DEL if no_value(msg.headers) else None,
+                )
+                if index not in caught_up and meta.num_pending == 0:
+                    caught_up.add(index)
+                    if len(caught_up) == len(chunks):
+                        yield None
+                        yield start
+            if len(caught_up) == len(chunks) and loop.time() >= next_check:
+                next_check = loop.time() + check_every
+                nudged.clear()
+                covered = await _covered(js, stream, subscriptions, delivered)
+                if covered is not None:
+                    yield covered
     finally:
         for subscription in subscriptions:
             # On a closed connection this raises, and would replace a cancellation.
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+
+
+async def _next_or_check(
+    queue: asyncio.Queue[tuple[int, Msg]], nudge: asyncio.Event, timeout: float
+) -> tuple[int, Any]:
+    """The next message, or (-1, None) when ``timeout`` passed or ``nudge`` was set first."""
+    getting = asyncio.ensure_future(queue.get())
+    nudged = asyncio.ensure_future(nudge.wait())
+    try:
+        await asyncio.wait(
+            {getting, nudged}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        nudged.cancel()
+        if not getting.done():
+            getting.cancel()
+    if getting.done() and not getting.cancelled():
+        return getting.result()
+    return -1, None
+
+
+async def _covered(
+    js: JetStreamContext,
+    stream: str,
+    subscriptions: Sequence[Any],
+    delivered: list[tuple[str, int]],
+) -> int | None:
+    """The stream's newest revision when no consumer has anything left for this watch."""
+    newest = int((await js.stream_info(stream)).state.last_seq or 0)
+    for subscription, seen in zip(subscriptions, delivered, strict=True):
+        try:
+            info = await subscription.consumer_info()
+        except NotFoundError:
+            raise StoreUnavailable("a consumer of the jobs watch is gone") from None
+        sent = int(info.delivered.consumer_seq or 0) if info.delivered else 0
+        # An ordered consumer started over counts from 1 again: what it sent is unknown here
+        # until one of its messages arrives.
+        behind = sent > seen[1] if info.name == seen[0] else sent > 0
+        if (info.num_pending or 0) > 0 or behind:
+            return None
+    return newest
 
 
 async def watch_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:

@@ -1,0 +1,113 @@
+"""Replicas that hold a share (scheduler.holders = 2) on a real nats-server: each holds only its
+lanes' jobs, any replica answers the admin API about any job, and ticks fire exactly once."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+
+from harness import wait_for_async
+from hrwcron.admin import AdminError
+from hrwcron.core import partitions
+from hrwcron.core.model import JobSpec
+
+from .replicas import Cluster, scheduled_dues
+
+DEADLINE = 20.0
+NODES = ("a", "b", "c")
+
+
+@pytest.fixture
+async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
+    c = await Cluster.start(nats_url, {node: {"holders": 2} for node in NODES})
+    yield c
+    await c.stop()
+
+
+def held_by(cluster: Cluster, name: str) -> list[str]:
+    return sorted(n for n, r in cluster.replicas.items() if name in r.scheduler.jobs)
+
+
+async def test_a_job_is_held_by_two_of_three_and_answered_by_any(cluster: Cluster) -> None:
+    names = [f"share.j{i}" for i in range(12)]
+    for name in names:
+        await cluster.admin.put_job(JobSpec(name=name, schedule="@every 1s"))
+    await wait_for_async(
+        lambda: all(len(held_by(cluster, n)) == 2 for n in names),
+        timeout=DEADLINE,
+        message="each job held by its lane's two holders",
+    )
+    held = {n: len(r.scheduler.jobs) for n, r in cluster.replicas.items()}
+    assert all(count < len(names) for count in held.values()), held
+    # Whichever replica the queue group picks, every job is found, paused and resumed.
+    for name in names:
+        entry = await cluster.admin.get_job(name)
+        assert entry.name == name
+        status = await cluster.admin.status(name=name)
+        assert [job.name for job in status.jobs] == [name]
+        assert status.jobs[0].owner in held_by(cluster, name)
+    sent_on = sum(r.admin.sent_on for r in cluster.replicas.values() if r.admin is not None)
+    assert sent_on > 0  # 36 requests to three replicas: some reached one without the job
+    paused = await cluster.admin.pause(names[0])
+    assert paused.paused and paused.changed
+    resumed = await cluster.admin.pause(names[0], paused=False)
+    assert not resumed.paused and resumed.changed
+    with pytest.raises(AdminError) as missing:
+        await cluster.admin.get_job("share.nobody")
+    assert missing.value.code == "not_found"
+
+
+async def test_a_manual_trigger_and_the_schedule_fire_once_whoever_is_asked(
+    cluster: Cluster,
+) -> None:
+    spec = JobSpec(name="share.fired", schedule="@every 1s")
+    await cluster.admin.put_job(spec)
+    triggered = [await cluster.admin.trigger(spec.name, f"once-{i}") for i in range(4)]
+    assert all(t.outcome == "started" for t in triggered)
+    again = await cluster.admin.trigger(spec.name, "once-0")
+    assert again.outcome == "duplicate"
+
+    async def five_ticks() -> list[str] | None:
+        keys = [k for k in await cluster.ticks(spec.name) if ":manual:" not in k]
+        return keys if len(keys) >= 5 else None
+
+    keys = await wait_for_async(five_ticks, timeout=DEADLINE, interval=0.2, message="5 ticks")
+    assert keys is not None
+    scheduled = [k for k in keys if k.count(":") == 1]
+    assert len(scheduled) == len(set(scheduled))
+    dues = scheduled_dues(scheduled)
+    assert dues == sorted(dues)
+    assert all(b - a == 1000 for a, b in itertools.pairwise(dues)), dues
+
+
+async def test_jobs_are_stored_in_their_lanes(cluster: Cluster) -> None:
+    await cluster.admin.put_job(JobSpec(name="share.keyed", schedule="@hourly"))
+    stored = await (await cluster.jobs_store()).get("share.keyed")
+    assert stored is not None
+    assert stored.key == partitions.job_key("share.keyed", [])
+
+
+async def test_a_listing_pages_through_every_job_whoever_holds_it(cluster: Cluster) -> None:
+    names = sorted(f"listed.j{i:02d}" for i in range(30))
+    specs = [JobSpec(name=n, schedule="@hourly") for n in names]
+    puts, _ = await cluster.admin.write_jobs([(spec, None) for spec in specs])
+    assert {p.outcome for p in puts} == {"created"}
+    # Written again as they are, every one is found unchanged, whoever holds it.
+    again, _ = await cluster.admin.write_jobs([(spec, None) for spec in specs])
+    assert {p.outcome for p in again} == {"unchanged"}
+    # Small pages, by count and by bytes, so pages of several replicas are merged and cut.
+    for limit, max_bytes in ((7, 0), (1000, 600)):
+        found: list[str] = []
+        after = ""
+        while True:
+            page = await cluster.admin.list_jobs("listed.", after, limit=limit, max_bytes=max_bytes)
+            assert page.total == len(names)
+            found += [entry.name for entry in page.jobs]
+            if not page.next:
+                break
+            after = page.next
+        assert found == names
+    everything = await cluster.admin.all_jobs("listed.")
+    assert [entry.name for entry in everything] == names
