@@ -54,9 +54,10 @@ async def hrwcron(url: str, *args: str, stdin: bytes | None = None) -> Result:
 
 
 async def test_jobs_verbs_change_what_the_replicas_run(cluster: Cluster) -> None:
+    # Revision 1 of the jobs bucket is its layout marker (core/partitions.py).
     url = cluster.url
     put = await hrwcron(url, "jobs", "put", "cli.job", "--schedule", "@every 1s", "--tags", "")
-    assert put == Result(0, "cli.job: created (revision 1)\n", "")
+    assert put == Result(0, "cli.job: created (revision 2)\n", "")
 
     ls = await hrwcron(url, "jobs", "ls")
     assert ls.code == 0
@@ -65,7 +66,7 @@ async def test_jobs_verbs_change_what_the_replicas_run(cluster: Cluster) -> None
 
     got = await hrwcron(url, "jobs", "get", "cli.job", "--json")
     entry = json.loads(got.out)
-    assert entry["revision"] == 1 and entry["spec"]["schedule"] == "@every 1s"
+    assert entry["revision"] == 2 and entry["spec"]["schedule"] == "@every 1s"
 
     async def fired() -> bool:
         return len(await cluster.ticks("cli.job")) >= 1
@@ -73,13 +74,13 @@ async def test_jobs_verbs_change_what_the_replicas_run(cluster: Cluster) -> None
     await wait_for_async(fired, timeout=20, interval=0.2)
 
     paused = await hrwcron(url, "jobs", "pause", "cli.job")
-    assert paused == Result(0, "cli.job: paused (revision 2)\n", "")
+    assert paused == Result(0, "cli.job: paused (revision 3)\n", "")
     again = await hrwcron(url, "jobs", "pause", "cli.job")
-    assert again.out == "cli.job: already paused (revision 2)\n"
+    assert again.out == "cli.job: already paused (revision 3)\n"
     stale = await hrwcron(
-        url, "jobs", "put", "cli.job", "--schedule", "@every 5s", "--revision", "1"
+        url, "jobs", "put", "cli.job", "--schedule", "@every 5s", "--revision", "2"
     )
-    assert stale.code == 2 and "changed since revision 1" in stale.err and stale.out == ""
+    assert stale.code == 2 and "changed since revision 2" in stale.err and stale.out == ""
     resumed = await hrwcron(url, "jobs", "resume", "cli.job", "--json")
     assert json.loads(resumed.out)["paused"] is False
 
@@ -105,7 +106,7 @@ async def test_extended_cron_forms_through_the_admin_api_and_the_cli(cluster: Cl
     put = await hrwcron(
         url, "jobs", "put", "ops.month-end", "--schedule", "0 0 L * *", "--tz", "Europe/Berlin"
     )
-    assert put == Result(0, "ops.month-end: created (revision 1)\n", "")
+    assert put == Result(0, "ops.month-end: created (revision 2)\n", "")
     nxt = await hrwcron(
         url, "next", "ops.month-end", "--count", "3", "--after", "2026-01-15T00:00:00Z"
     )

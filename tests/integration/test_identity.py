@@ -14,6 +14,7 @@ from harness import wait_for_async
 from hrwcron.adapters.jetstream.jobs import SUBJECT_CLAIM, JetStreamJobs, SubjectClaim
 from hrwcron.adapters.jetstream.kv import conditional_put
 from hrwcron.admin import AdminError
+from hrwcron.core import partitions
 from hrwcron.core.errors import SubjectTakenError
 from hrwcron.core.model import JobSpec, encode
 
@@ -98,7 +99,8 @@ async def test_a_take_over_makes_the_stale_holders_late_write_fail(cluster: Clus
     await store.put(JobSpec(name="rival", schedule="@hourly", subject=subject), 0)
     # The slow write lands now, compare-and-set on the revision it read, and must fail.
     late = encode(JobSpec(name="slow", schedule="@hourly", subject=subject))
-    assert await conditional_put(js, "hrwcron_jobs", "slow", late, 0, None) is None
+    key = partitions.job_key("slow", [])
+    assert await conditional_put(js, "hrwcron_jobs", key, late, 0, None) is None
     # Writing it again the normal way says who has the subject.
     with pytest.raises(SubjectTakenError, match="rival"):
         await store.put(JobSpec(name="slow", schedule="@hourly", subject=subject), None)

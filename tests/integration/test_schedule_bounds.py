@@ -28,7 +28,7 @@ import pytest
 from harness import NatsServer, wait_for_async
 from harness.chaos import ReplicaFleet, TriggerLog, now_ms, wait_until_ms
 from hrwcron.admin import AdminClient, AdminError
-from hrwcron.core import hrw
+from hrwcron.core import hrw, partitions
 from hrwcron.core.model import JobSpec
 from hrwcron.core.ticks import format_ms
 from hrwcron.engine.ports import HEADER_RUN
@@ -296,7 +296,7 @@ async def test_delete_after_removes_a_fired_one_time_job_once(cluster: Cluster) 
     # One put and one delete: a second replica's delete was refused by the revision.
     js = cluster.client.jetstream()
     kv = await js.key_value("hrwcron_jobs")
-    history = await kv.history(job.name)
+    history = await kv.history(partitions.job_key(job.name, job.tags))
     assert [e.operation for e in history] == [None, "DEL"]
 
 

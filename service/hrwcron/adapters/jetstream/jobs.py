@@ -216,10 +216,14 @@ class JetStreamJobs:
                 results[index] = answer
 
     def _keys_of(self, name: str) -> tuple[str, ...]:
-        """Every key the job may be under: its lane, the tagged lane, and its bare name until
-        the bucket has lanes (migrating leaves none, and no writer adds one after it)."""
-        lanes = (partitions.job_key(name, ()), partitions.job_key(name, (partitions.TAGGED,)))
-        return lanes if self.lanes else (*lanes, name)
+        """Every key the job may be under: its lane, the tagged lane, and its bare name (as
+        versions before lanes wrote it, or a write around hrwcron: found, so it can be
+        fixed or deleted)."""
+        return (
+            partitions.job_key(name, ()),
+            partitions.job_key(name, (partitions.TAGGED,)),
+            name,
+        )
 
     async def _stored(self, name: str) -> _Stored:
         keys = self._keys_of(name)

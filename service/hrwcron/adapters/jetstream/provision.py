@@ -149,6 +149,8 @@ async def provision(
             if shape.stream == f"KV_{layout.jobs_bucket}":
                 await mark_lanes(js, layout.jobs_bucket)  # a new bucket has lanes from the start
             continue
+        if shape.stream == f"KV_{layout.jobs_bucket}" and not info.state.messages:
+            await mark_lanes(js, layout.jobs_bucket)  # empty (say, purged): nothing to move
         problems += _tampered(shape, info.config)
         if shape.stream == layout.stream:
             problems += _stream_limits(shape, info.config, longest_lateness)
