@@ -15,30 +15,38 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from hrwcron.adapters.http import page_headers
+from hrwcron.adapters.http import BadRequest, page_headers
 from hrwcron.admin.api import ERROR_CODES, BackfillResult, PauseResult, TriggerResult
 from hrwcron.admin.replies import ApiError
 from hrwcron.admin.service import AdminService
 from hrwcron.console.auth import Auth, User
 from hrwcron.console.html import CSP, Viewer, button, e, form, job_url, layout, message_page
+from hrwcron.console.listing import ListQuery
 
 audit = logging.getLogger("hrwcron.audit")
 
 MAX_BULK = 200
+# The most jobs one "all matching" pause or resume acts on: past it, narrow the search.
+MAX_ALL = 10_000
 _DONE = {"pause": "paused", "resume": "resumed"}
+_SHOWN = 200  # the jobs a bulk result lists by name (the counts cover every one)
 
 Page = Callable[[Viewer, str, str, str], str]
+Matching = Callable[[ListQuery, int], Awaitable[tuple[list[str], int]]]
+"""Every job a query finds and how many (no names past the given most): Lister.matching."""
 
 
 class Actions:
-    def __init__(self, admin: AdminService, auth: Auth, node: str) -> None:
+    def __init__(self, admin: AdminService, auth: Auth, node: str, matching: Matching) -> None:
         self._admin = admin
         self._auth = auth
         self._node = node
+        self._matching = matching
         self.refused = 0  # actions refused for want of a signed-in user or a valid form
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/jobs/bulk", self._guard(self._bulk))
+        app.router.add_post("/jobs/bulk-all", self._guard(self._bulk_all))
         app.router.add_post("/jobs/{name}/pause", self._guard(self._pause))
         app.router.add_post("/jobs/{name}/resume", self._guard(self._resume))
         app.router.add_post("/jobs/{name}/trigger", self._guard(self._trigger))
@@ -245,22 +253,113 @@ class Actions:
                 f"choose pause or resume and 1 to {MAX_BULK} jobs",
                 "/jobs",
             )
-        items = []
+        outcomes = await self._each(request, user, what, names)
+        return self._bulk_result(user, what, names, outcomes)
+
+    async def _each(
+        self, request: web.Request, user: User, what: str, names: list[str]
+    ) -> list[str]:
+        """``jobs.pause`` or ``jobs.resume`` for each name in turn, each an admin request
+        with its audit line; what came of each."""
+        outcomes = []
         for name in names:
             try:
                 reply = await self._call(request, user, f"jobs.{what}", {"name": name})
                 assert isinstance(reply, PauseResult)
-                outcome = _DONE[what] if reply.changed else "no change"
+                outcomes.append(_DONE[what] if reply.changed else "no change")
             except ApiError as exc:
-                outcome = f"refused: {exc.message}"
-            items.append(
-                f'<li><a href="{e(job_url(name))}">{e(name)}</a>: '
-                f'<span class="outcome">{e(outcome)}</span></li>'
-            )
+                outcomes.append(f"refused: {exc.message}")
+        return outcomes
+
+    def _bulk_result(
+        self, user: User, what: str, names: list[str], outcomes: list[str]
+    ) -> web.Response:
+        counts = {
+            "changed": outcomes.count(_DONE[what]),
+            "unchanged": outcomes.count("no change"),
+        }
+        counts["refused"] = len(outcomes) - counts["changed"] - counts["unchanged"]
+        told = ", ".join(f"{n:,} {k}" for k, n in counts.items())
+        # Refusals first (the sort keeps the list's order otherwise): they need looking at.
+        pairs = zip(names, outcomes, strict=True)
+        ordered = sorted(pairs, key=lambda p: not p[1].startswith("refused"))
+        items = [
+            f'<li><a href="{e(job_url(name))}">{e(name)}</a>: '
+            f'<span class="outcome">{e(outcome)}</span></li>'
+            for name, outcome in ordered[:_SHOWN]
+        ]
+        if len(ordered) > _SHOWN:
+            items.append(f"<li>… and {len(ordered) - _SHOWN:,} more</li>")
         viewer = self._viewer(user)
-        body = f'<h1>{e(what)}: {len(names)} jobs</h1><ul id="bulk-result">{"".join(items)}</ul>'
-        body += '<p><a href="/jobs">back to the jobs</a></p>'
+        body = (
+            f"<h1>{e(what)}: {len(names):,} jobs</h1>"
+            f'<p id="bulk-counts">{e(told)}</p><ul id="bulk-result">{"".join(items)}</ul>'
+            '<p><a href="/jobs">back to the jobs</a></p>'
+        )
         return _html(layout(viewer, f"bulk {what}", body, can_sign_in=True, current="jobs"))
+
+    async def _bulk_all(self, request: web.Request, user: User, data: Any) -> web.Response:
+        """Every job the search and its filters find: the first post asks to confirm, naming
+        how many; the confirmed one acts only if the count is still the one confirmed."""
+        viewer = self._viewer(user)
+        what = str(data.get("action", ""))
+        fields = {k: str(data.get(k, "")) for k in ("q", "state", "tag", "owner", "missed")}
+        try:
+            query = ListQuery.parse(fields)
+        except BadRequest as exc:
+            return self._page(viewer, 400, "Nothing done", str(exc), "/jobs")
+        back = query.url()
+        if what not in _DONE:
+            return self._page(viewer, 400, "Nothing done", "choose pause or resume", back)
+        names, total = await self._matching(query, MAX_ALL)
+        if total > MAX_ALL:
+            text = (
+                f"{total:,} jobs match {query.described()}: one action takes at most "
+                f"{MAX_ALL:,}. Narrow the search or the filters; nothing was changed."
+            )
+            return self._page(viewer, 400, "Too many jobs", text, back)
+        if not total:
+            return self._page(viewer, 400, "Nothing done", "no job matches: nothing changed", back)
+        confirmed = str(data.get("confirm", ""))
+        if confirmed != str(total):
+            return _html(self._confirm_all(viewer, what, query, total, confirmed))
+        outcomes = await self._each(request, user, what, names)
+        audit.info(
+            "audit: %s jobs.%s all %d matching %s from %s: %d changed, %d refused",
+            user.name,
+            what,
+            total,
+            query.described(),
+            request.remote,
+            outcomes.count(_DONE[what]),
+            sum(o.startswith("refused") for o in outcomes),
+            extra={"user": user.name, "action": f"jobs.{what}", "job": query.described()},
+        )
+        return self._bulk_result(user, what, names, outcomes)
+
+    def _confirm_all(
+        self, viewer: Viewer, what: str, query: ListQuery, total: int, confirmed: str
+    ) -> str:
+        hidden = "".join(
+            f'<input type="hidden" name="{e(k)}" value="{e(v)}">'
+            for k, v in {**query.criteria(), "action": what, "confirm": str(total)}.items()
+        )
+        changed = (
+            f'<p class="bad" id="changed">The jobs matching changed since: '
+            f"{e(confirmed[:20])} then, {total:,} now. Nothing was changed yet.</p>"
+            if confirmed
+            else ""
+        )
+        inner = hidden + button(f"{what} these {total:,} jobs", css="danger")
+        body = (
+            f"<h1>{e(what.capitalize())} all matching jobs</h1>{changed}"
+            f'<p id="confirm-count">{e(what.capitalize())} <b>{total:,}</b> '
+            f"{'job' if total == 1 else 'jobs'}: every one matching {e(query.described())}, "
+            "on every page of the list.</p>"
+            + form(viewer, "/jobs/bulk-all", inner, css="confirm-all")
+            + f'<p><a href="{e(query.url())}">cancel</a></p>'
+        )
+        return layout(viewer, f"{what} all matching", body, can_sign_in=True, current="jobs")
 
 
 def _summary(reply: msgspec.Struct) -> str:

@@ -103,6 +103,17 @@ def to_mask(positions: Iterable[int], size: int) -> int:
     return int.from_bytes(bits, "little")
 
 
+def every_bit(mask: int) -> list[int]:
+    """Positions of every set bit of ``mask``, in order (a byte at a time: no shifts of the
+    whole integer per bit)."""
+    found: list[int] = []
+    for at, byte in enumerate(mask.to_bytes((mask.bit_length() + 7) // 8, "little")):
+        if byte:
+            base = at * 8
+            found.extend(base + bit for bit in range(8) if byte >> bit & 1)
+    return found
+
+
 def set_bits(mask: int, skip: int, take: int) -> list[int]:
     """Positions of the set bits of ``mask`` in order, past the first ``skip``, at most
     ``take`` of them."""

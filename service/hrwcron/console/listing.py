@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from hrwcron.adapters.http import BadRequest
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.status import ReplicaStatus
-from hrwcron.console.index import Facets, JobIndex, Names, set_bits, to_mask
+from hrwcron.console.index import Facets, JobIndex, Names, every_bit, set_bits, to_mask
 from hrwcron.core.plan import Allowance
 from hrwcron.engine.scheduler import Scheduler
 
@@ -68,6 +68,18 @@ class ListQuery:
             start=numbers["start"],
             limit=numbers["limit"],
         )
+
+    def criteria(self) -> dict[str, str]:
+        """What this query asks for, whatever its page: its text and filters, as non-empty
+        form fields (what ``parse`` reads back)."""
+        fields = {"q": self.q, "state": self.state, "tag": self.tag, "owner": self.owner}
+        fields["missed"] = "1" if self.missed else ""
+        return {k: v for k, v in fields.items() if v}
+
+    def described(self) -> str:
+        """The criteria in words, for a confirmation and the audit log."""
+        said = ", ".join(f"{k}={v!r}" for k, v in self.criteria().items())
+        return said or "every job"
 
     @property
     def filtered(self) -> bool:
@@ -126,6 +138,18 @@ class Lister:
     async def _filtered(self, names: Names, query: ListQuery) -> tuple[list[str], int]:
         """The search's matches (prefix ones, then the others) and every filter as bitmasks
         over the names: their intersection is counted and paged in C."""
+        first, then = await self._masks(names, query)
+        ahead = first.bit_count()
+        total = ahead + then.bit_count()
+        start, end = query.start, query.start + query.limit
+        positions = set_bits(first, start, query.limit) if start < ahead else []
+        if len(positions) < query.limit and end > ahead:
+            positions += set_bits(then, max(0, start - ahead), query.limit - len(positions))
+        return [names.names[p] for p in positions], total
+
+    async def _masks(self, names: Names, query: ListQuery) -> tuple[int, int]:
+        """The jobs ``query`` finds as two bitmasks over ``names``: the prefix matches of its
+        text, then the other names holding it, each within every filter."""
         everyone = (1 << len(names.names)) - 1
         wanted = everyone
         if query.state or query.tag or query.owner:
@@ -142,15 +166,18 @@ class Lister:
             found = (names.position(n) for n in missed)
             wanted &= to_mask((p for p in found if p is not None), len(names.names))
         first, then = names.masks(query.q)
-        first &= wanted
-        then &= wanted
-        ahead = first.bit_count()
-        total = ahead + then.bit_count()
-        start, end = query.start, query.start + query.limit
-        positions = set_bits(first, start, query.limit) if start < ahead else []
-        if len(positions) < query.limit and end > ahead:
-            positions += set_bits(then, max(0, start - ahead), query.limit - len(positions))
-        return [names.names[p] for p in positions], total
+        return first & wanted, then & wanted
+
+    async def matching(self, query: ListQuery, most: int) -> tuple[list[str], int]:
+        """Every job ``query`` finds, whatever its page (``start`` and ``limit`` do not
+        count), in the list's order, and how many they are; no names when over ``most``."""
+        s = self._s
+        names = self.index.names(s.jobs_revision, lambda: [*s.jobs, *s.skipped])
+        first, then = await self._masks(names, query)
+        total = first.bit_count() + then.bit_count()
+        if total > most:
+            return [], total
+        return [names.names[p] for p in (*every_bit(first), *every_bit(then))], total
 
     async def facets(self, names: Names | None = None) -> Facets:
         s = self._s
