@@ -474,3 +474,27 @@ async def test_pause_and_resume_every_job_a_search_finds_after_confirming_its_co
         async with session.post(f"{served.url}/jobs/bulk-all", data={**ask, "confirm": "60"}) as r:
             assert r.status == 403
         assert len(paused()) == len(left) + 1
+
+
+async def test_the_replica_times_each_build_of_the_index_in_its_metrics() -> None:
+    async with console(SPECS) as served, browser() as session:
+        await loaded(served, len(SPECS))
+        # The owner facet follows the live members: once the replica counts itself live.
+        await wait_for_async(lambda: served.telemetry.live == ["c1"], message="c1 live")
+        await get(session, f"{served.url}/jobs?state=paused")
+        _, metrics, _ = await get(session, f"{served.url}/metrics")
+        for build in ("names", "facets"):
+            for name in ("longest_turn_seconds", "build_seconds"):
+                assert f'hrwcron_console_index_{name}{{build="{build}"}}' in metrics
+        await served.jobs.put(
+            JobSpec(name="billing.sweep", schedule="@daily", tags=["money"]), None
+        )
+        await wait_for_async(
+            lambda: served.scheduler.jobs["billing.sweep"].spec.schedule == "@daily"
+        )
+        _, page, _ = await get(session, f"{served.url}/jobs?tag=money")
+        assert job_names(page) == ["billing.sweep"]
+        _, metrics, _ = await get(session, f"{served.url}/metrics")
+        assert 'build="names checked"' in metrics and 'build="facets updated"' in metrics
+        index = served.console.lister.index
+        assert (index.builds, index.facet_builds, index.facet_updates) == (1, 1, 1)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from hrwcron.adapters.http import BadRequest
 from hrwcron.adapters.telemetry import Telemetry
@@ -109,12 +112,40 @@ class ListResult:
     took_ms: float
 
 
+class IndexMetrics(Collector):
+    """The latest build of each kind (names, names checked, facets, facets updated): the
+    longest turn of the event loop it held, and how long it took in all."""
+
+    def __init__(self, index: JobIndex) -> None:
+        self._index = index
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        turn = GaugeMetricFamily(
+            "hrwcron_console_index_longest_turn_seconds",
+            "The longest the console's latest build of its job index or filters, of each kind, "
+            "held the event loop at once",
+            labels=["build"],
+        )
+        took = GaugeMetricFamily(
+            "hrwcron_console_index_build_seconds",
+            "How long the console's latest build of its job index or filters, of each kind, "
+            "took from start to end (in slices)",
+            labels=["build"],
+        )
+        for build, (longest, whole) in sorted(self._index.timings.items()):
+            turn.add_metric([build], longest)
+            took.add_metric([build], whole)
+        yield turn
+        yield took
+
+
 class Lister:
     def __init__(self, scheduler: Scheduler, status: ReplicaStatus, telemetry: Telemetry) -> None:
         self._s = scheduler
         self._status = status
         self._telemetry = telemetry
         self.index = JobIndex(scheduler.clock.monotonic)
+        telemetry.registry.register(IndexMetrics(self.index))
         # The searches for states of jobs with windows and exclusions, shared by one build.
         self._allowance = Allowance()
 
@@ -122,7 +153,7 @@ class Lister:
         began = time.perf_counter()
         s = self._s
         revision = s.jobs_revision
-        names = self.index.names(revision, lambda: [*s.jobs, *s.skipped])
+        names = await self.index.names(revision, lambda: [*s.jobs, *s.skipped])
         if query.filtered:
             chosen, total = await self._filtered(names, query)
         else:
@@ -172,7 +203,7 @@ class Lister:
         """Every job ``query`` finds, whatever its page (``start`` and ``limit`` do not
         count), in the list's order, and how many they are; no names when over ``most``."""
         s = self._s
-        names = self.index.names(s.jobs_revision, lambda: [*s.jobs, *s.skipped])
+        names = await self.index.names(s.jobs_revision, lambda: [*s.jobs, *s.skipped])
         first, then = await self._masks(names, query)
         total = first.bit_count() + then.bit_count()
         if total > most:
@@ -182,9 +213,17 @@ class Lister:
     async def facets(self, names: Names | None = None) -> Facets:
         s = self._s
         if names is None:
-            names = self.index.names(s.jobs_revision, lambda: [*s.jobs, *s.skipped])
+            names = await self.index.names(s.jobs_revision, lambda: [*s.jobs, *s.skipped])
         self._allowance = Allowance()  # for this build, should it happen
-        return await self.index.facets(names, tuple(self._telemetry.live), self._facet_row)
+        live = tuple(self._telemetry.live)
+        return await self.index.facets(names, live, self._facet_row, self._version)
+
+    def _version(self, name: str) -> int:
+        job = self._s.jobs.get(name)
+        if job is not None:
+            return job.revision
+        skipped = self._s.skipped.get(name)
+        return skipped[0] if skipped is not None else -1
 
     def _facet_row(self, name: str) -> tuple[list[str], str, list[str]]:
         s = self._s
