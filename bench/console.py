@@ -371,7 +371,9 @@ def section(r: ConsoleResult | None, number: int) -> list[str]:
         "",
         "The slowest `/healthz` (asked over and over from another thread, a new connection "
         f"each) answered while each ran: {held}; over 2 s with nothing asked of the console, "
-        f"{fmt(r.alone_held_ms, 1)} ms (what the rest of the replica holds the loop for).",
+        f"{fmt(r.alone_held_ms, 1)} ms. A request waits up to a build's turn at each step the "
+        "event loop takes it through (accepting, reading, answering), so it takes several "
+        "turns longer than the longest one.",
         "",
         f"Median keystroke {fmt(median, 1)} ms. The replica's CPU over {WINDOW_S:.0f} s: "
         f"{fmt(r.idle_cpu, 2)}% of a core with nobody looking, {fmt(r.open_cpu, 2)}% with a "
