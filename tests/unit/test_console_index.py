@@ -12,16 +12,8 @@ from typing import TypeVar
 
 import pytest
 
-from hrwcron.console.index import (
-    SLICE,
-    Facets,
-    JobIndex,
-    Names,
-    Work,
-    every_bit,
-    set_bits,
-    to_mask,
-)
+from hrwcron.console.index import Facets, JobIndex, Names, every_bit, set_bits, to_mask
+from hrwcron.console.slices import SLICE, Work
 
 T = TypeVar("T")
 

@@ -19,6 +19,7 @@ from hrwcron.adapters.http import BadRequest, page_headers
 from hrwcron.admin.api import ERROR_CODES, BackfillResult, PauseResult, TriggerResult
 from hrwcron.admin.replies import ApiError
 from hrwcron.admin.service import AdminService
+from hrwcron.console import action_pages
 from hrwcron.console.auth import Auth, User
 from hrwcron.console.html import CSP, Viewer, button, e, form, job_url, layout, message_page
 from hrwcron.console.listing import ListQuery
@@ -29,7 +30,6 @@ MAX_BULK = 200
 # The most jobs one "all matching" pause or resume acts on: past it, narrow the search.
 MAX_ALL = 10_000
 _DONE = {"pause": "paused", "resume": "resumed"}
-_SHOWN = 200  # the jobs a bulk result lists by name (the counts cover every one)
 
 Page = Callable[[Viewer, str, str, str], str]
 Matching = Callable[[ListQuery, int], Awaitable[tuple[list[str], int]]]
@@ -202,7 +202,7 @@ class Actions:
             layout(
                 viewer,
                 f"backfill {name}",
-                _backfill_body(viewer, reply, body),
+                action_pages.backfill(viewer, reply, body),
                 can_sign_in=True,
                 current="jobs",
                 back=job_url(name),
@@ -274,28 +274,8 @@ class Actions:
     def _bulk_result(
         self, user: User, what: str, names: list[str], outcomes: list[str]
     ) -> web.Response:
-        counts = {
-            "changed": outcomes.count(_DONE[what]),
-            "unchanged": outcomes.count("no change"),
-        }
-        counts["refused"] = len(outcomes) - counts["changed"] - counts["unchanged"]
-        told = ", ".join(f"{n:,} {k}" for k, n in counts.items())
-        # Refusals first (the sort keeps the list's order otherwise): they need looking at.
-        pairs = zip(names, outcomes, strict=True)
-        ordered = sorted(pairs, key=lambda p: not p[1].startswith("refused"))
-        items = [
-            f'<li><a href="{e(job_url(name))}">{e(name)}</a>: '
-            f'<span class="outcome">{e(outcome)}</span></li>'
-            for name, outcome in ordered[:_SHOWN]
-        ]
-        if len(ordered) > _SHOWN:
-            items.append(f"<li>… and {len(ordered) - _SHOWN:,} more</li>")
         viewer = self._viewer(user)
-        body = (
-            f"<h1>{e(what)}: {len(names):,} jobs</h1>"
-            f'<p id="bulk-counts">{e(told)}</p><ul id="bulk-result">{"".join(items)}</ul>'
-            '<p><a href="/jobs">back to the jobs</a></p>'
-        )
+        body = action_pages.bulk_result(what, _DONE[what], names, outcomes)
         return _html(layout(viewer, f"bulk {what}", body, can_sign_in=True, current="jobs"))
 
     async def _bulk_all(self, request: web.Request, user: User, data: Any) -> web.Response:
@@ -322,7 +302,9 @@ class Actions:
             return self._page(viewer, 400, "Nothing done", "no job matches: nothing changed", back)
         confirmed = str(data.get("confirm", ""))
         if confirmed != str(total):
-            return _html(self._confirm_all(viewer, what, query, total, confirmed))
+            body = action_pages.confirm_all(viewer, what, query, total, confirmed)
+            title = f"{what} all matching"
+            return _html(layout(viewer, title, body, can_sign_in=True, current="jobs"))
         outcomes = await self._each(request, user, what, names)
         audit.info(
             "audit: %s jobs.%s all %d matching %s from %s: %d changed, %d refused",
@@ -337,30 +319,6 @@ class Actions:
         )
         return self._bulk_result(user, what, names, outcomes)
 
-    def _confirm_all(
-        self, viewer: Viewer, what: str, query: ListQuery, total: int, confirmed: str
-    ) -> str:
-        hidden = "".join(
-            f'<input type="hidden" name="{e(k)}" value="{e(v)}">'
-            for k, v in {**query.criteria(), "action": what, "confirm": str(total)}.items()
-        )
-        changed = (
-            f'<p class="bad" id="changed">The jobs matching changed since: '
-            f"{e(confirmed[:20])} then, {total:,} now. Nothing was changed yet.</p>"
-            if confirmed
-            else ""
-        )
-        inner = hidden + button(f"{what} these {total:,} jobs", css="danger")
-        body = (
-            f"<h1>{e(what.capitalize())} all matching jobs</h1>{changed}"
-            f'<p id="confirm-count">{e(what.capitalize())} <b>{total:,}</b> '
-            f"{'job' if total == 1 else 'jobs'}: every one matching {e(query.described())}, "
-            "on every page of the list.</p>"
-            + form(viewer, "/jobs/bulk-all", inner, css="confirm-all")
-            + f'<p><a href="{e(query.url())}">cancel</a></p>'
-        )
-        return layout(viewer, f"{what} all matching", body, can_sign_in=True, current="jobs")
-
 
 def _summary(reply: msgspec.Struct) -> str:
     if isinstance(reply, PauseResult):
@@ -371,44 +329,6 @@ def _summary(reply: msgspec.Struct) -> str:
         verb = "would publish" if reply.dry_run else "published"
         return f"{verb} {len(reply.published)}, present {len(reply.present)}"
     return "done"
-
-
-def _ticks(keys: list[str]) -> str:
-    shown = "".join(f'<li class="mono">{e(k)}</li>' for k in keys[:50])
-    more = f"<li>… and {len(keys) - 50} more</li>" if len(keys) > 50 else ""
-    return f"<ul>{shown}{more}</ul>" if keys else '<p class="muted">none</p>'
-
-
-def _backfill_body(viewer: Viewer, reply: BackfillResult, asked: dict[str, Any]) -> str:
-    name = reply.name
-    head = (
-        f'<h1>Backfill <span class="mono">{e(name)}</span></h1>'
-        f'<p>from <span class="mono">{e(asked["from"])}</span> to '
-        f'<span class="mono">{e(asked["to"])}</span>: {reply.due} due instants.</p>'
-    )
-    if reply.dry_run:
-        verdict = f'<h2 id="dry-run">Dry run: would publish {len(reply.published)}</h2>'
-    else:
-        verdict = f'<h2 id="published">Published {len(reply.published)}</h2>'
-    parts = [
-        head,
-        verdict,
-        _ticks(reply.published),
-        f"<h2>Already in the stream: {len(reply.present)}</h2>",
-        _ticks(reply.present),
-        f"<h2>Left to the scheduler (within max_lateness): {len(reply.left_to_scheduler)}</h2>",
-        _ticks(reply.left_to_scheduler),
-    ]
-    if reply.dry_run and reply.published:
-        inner = (
-            f'<input type="hidden" name="from" value="{e(asked["from"])}">'
-            f'<input type="hidden" name="to" value="{e(asked["to"])}">'
-            f'<input type="hidden" name="step" value="publish">'
-            + button(f"publish these {len(reply.published)} ticks", css="danger")
-        )
-        parts.append(form(viewer, f"{job_url(name)}/backfill", inner))
-    parts.append(f'<p><a href="{e(job_url(name))}">back to the job</a></p>')
-    return "".join(parts)
 
 
 def _html(text: str, status: int = 200) -> web.Response:
