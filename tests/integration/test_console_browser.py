@@ -274,3 +274,33 @@ async def test_search_open_act_and_see_changes_live(
         shoot(chrome, tmp_path, "job")
 
     await step(pictures)
+
+    # Every job a search finds, on every page of the list: asked again with the count, then
+    # paused through the admin handlers, on both replicas.
+    def pause_all_matching() -> None:
+        chrome.get(base + "/jobs?q=fleet.task")
+        until(chrome, lambda d: text_of(d, "#count").startswith("120 jobs match"), "120 tasks")
+        assert len(chrome.find_elements(By.CSS_SELECTOR, "a.job-link")) == 50  # one page
+        chrome.find_element(
+            By.XPATH, "//form[@action='/jobs/bulk-all']//button[@value='pause']"
+        ).click()
+        until(
+            chrome,
+            lambda d: text_of(d, "#confirm-count").startswith("Pause 120 jobs"),
+            "a confirmation naming the count",
+        )
+        chrome.find_element(By.CSS_SELECTOR, "form.confirm-all button").click()
+        until(
+            chrome,
+            lambda d: text_of(d, "#bulk-counts").startswith("120 changed"),
+            "all 120 paused",
+        )
+
+    await step(pause_all_matching)
+    tasks = [f"fleet.task-{i:03d}" for i in range(120)]
+    await wait_for_async(
+        lambda: all(r.scheduler.jobs[n].spec.paused for r in replicas for n in tasks),
+        timeout=30,
+        message="every task paused on both replicas",
+    )
+    assert not replicas[0].scheduler.jobs["billing.sweep"].spec.paused  # no other job

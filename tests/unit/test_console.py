@@ -4,6 +4,7 @@ endpoint: finding jobs, a job's page, acting only when signed in, escaping and t
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
 import re
 
@@ -399,3 +400,101 @@ async def test_an_open_event_stream_does_not_hold_up_the_replica_stopping() -> N
         await served.http.close()
         assert loop.time() - began < 0.5  # a replica's stop gives the endpoint 0.5 s
         assert served.console.pulses.open == 0
+
+
+FLEET = [JobSpec(name=f"fleet.job-{i:02d}", schedule="@hourly") for i in range(60)]
+
+
+async def test_pause_and_resume_every_job_a_search_finds_after_confirming_its_count(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="hrwcron.audit")
+    async with console([*SPECS, *FLEET]) as served, browser() as session:
+        await loaded(served, len(SPECS) + len(FLEET))
+        await sign_in(session, served.url)
+        # A page of 10 offers all 60 matches, whatever the page.
+        _, page, _ = await get(session, f"{served.url}/jobs?q=FLEET.&limit=10&start=20")
+        assert len(job_names(page)) == 10 and "with all 60 matching jobs (every page)" in page
+        assert '<input type="hidden" name="q" value="FLEET.">' in page
+        token = csrf_of(page)
+        ask = {"csrf": token, "q": "FLEET.", "action": "pause"}
+
+        def paused() -> list[str]:
+            return sorted(n for n, job in served.scheduler.jobs.items() if job.spec.paused)
+
+        async def post(data: dict[str, str]) -> tuple[int, str]:
+            async with session.post(f"{served.url}/jobs/bulk-all", data=data) as r:
+                return r.status, html.unescape(await r.text())
+
+        status, page = await post(ask)  # first, the confirmation naming the count
+        assert status == 200 and 'id="confirm-count">Pause <b>60</b> jobs' in page
+        assert "q='FLEET.'" in page and 'name="confirm" value="60"' in page
+        assert paused() == ["billing.invoice"]
+        status, page = await post({**ask, "confirm": "59"})  # the matches changed since
+        assert status == 200 and "59 then, 60 now. Nothing was changed yet." in page
+        assert paused() == ["billing.invoice"]
+        status, page = await post({**ask, "confirm": "60"})
+        assert status == 200 and "60 changed, 0 unchanged, 0 refused" in page
+        every = sorted(spec.name for spec in FLEET)
+        await wait_for_async(lambda: paused() == sorted([*every, "billing.invoice"]))
+        assert "audit: alice jobs.pause all 60 matching q='FLEET.' from" in caplog.text
+        assert "60 changed, 0 refused" in caplog.text
+        assert caplog.text.count("audit: alice jobs.pause fleet.job-") == 60  # one line each
+
+        # With a filter: the paused ones whose names hold "job-0" (one was resumed elsewhere).
+        await served.jobs.put(JobSpec(name="fleet.job-05", schedule="@hourly"), None)
+        await wait_for_async(lambda: "fleet.job-05" not in paused())
+        resume = {"csrf": token, "q": "job-0", "state": "paused", "action": "resume"}
+        status, page = await post(resume)
+        assert 'id="confirm-count">Resume <b>9</b> jobs' in page
+        status, page = await post({**resume, "confirm": "9"})
+        assert status == 200 and "9 changed, 0 unchanged" in page
+        left = [n for n in every if not n.startswith("fleet.job-0")]
+        await wait_for_async(lambda: paused() == sorted([*left, "billing.invoice"]))
+
+        # Past the bound nothing is done, and the list says so instead of offering it.
+        monkeypatch.setattr("hrwcron.console.actions.MAX_ALL", 20)
+        monkeypatch.setattr("hrwcron.console.jobs_page.MAX_ALL", 20)
+        status, page = await post({**ask, "confirm": "60"})
+        assert status == 400 and "60 jobs match q='FLEET.': one action takes at most 20" in page
+        _, page, _ = await get(session, f"{served.url}/jobs?q=FLEET.")
+        assert "takes at most 20 at once; narrow the search" in page
+        assert 'action="/jobs/bulk-all"' not in page
+
+        # Bad input gets its reason, and changes nothing.
+        for bad, reason in (
+            ({"action": "delete"}, "choose pause or resume"),
+            ({"state": "sleepy"}, "state must be one of"),
+            ({"q": "no.such.job"}, "no job matches"),
+        ):
+            status, page = await post({**ask, **bad, "confirm": "1"})
+            assert status == 400 and reason in page, bad
+        assert len(paused()) == len(left) + 1
+        session.cookie_jar.clear()  # signed out: refused, as every action is
+        async with session.post(f"{served.url}/jobs/bulk-all", data={**ask, "confirm": "60"}) as r:
+            assert r.status == 403
+        assert len(paused()) == len(left) + 1
+
+
+async def test_the_replica_times_each_build_of_the_index_in_its_metrics() -> None:
+    async with console(SPECS) as served, browser() as session:
+        await loaded(served, len(SPECS))
+        # The owner facet follows the live members: once the replica counts itself live.
+        await wait_for_async(lambda: served.telemetry.live == ["c1"], message="c1 live")
+        await get(session, f"{served.url}/jobs?state=paused")
+        _, metrics, _ = await get(session, f"{served.url}/metrics")
+        for build in ("names", "facets"):
+            for name in ("longest_turn_seconds", "build_seconds"):
+                assert f'hrwcron_console_index_{name}{{build="{build}"}}' in metrics
+        await served.jobs.put(
+            JobSpec(name="billing.sweep", schedule="@daily", tags=["money"]), None
+        )
+        await wait_for_async(
+            lambda: served.scheduler.jobs["billing.sweep"].spec.schedule == "@daily"
+        )
+        _, page, _ = await get(session, f"{served.url}/jobs?tag=money")
+        assert job_names(page) == ["billing.sweep"]
+        _, metrics, _ = await get(session, f"{served.url}/metrics")
+        assert 'build="names checked"' in metrics and 'build="facets updated"' in metrics
+        index = served.console.lister.index
+        assert (index.builds, index.facet_builds, index.facet_updates) == (1, 1, 1)

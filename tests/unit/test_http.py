@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from harness import wait_for_async
 from hrwcron.adapters.http import HttpServer, parse_listen
 
 
@@ -251,3 +252,141 @@ async def test_a_status_token_guards_status_but_not_probes_or_metrics(
             assert (await get(server, target))[0] == 200
     finally:
         await server.close()
+
+
+# ------------------------------------------------------------------ slow and many clients
+
+BOUND_S = 0.5  # the request bound these servers get instead of REQUEST_S (10 s)
+
+
+async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bytes:
+    """Everything the server sent until it closed the connection (at most ``within`` s)."""
+    received = b""
+    async with asyncio.timeout(within):
+        while True:
+            try:
+                chunk = await reader.read(65536)
+            except ConnectionResetError:
+                return received
+            if not chunk:
+                return received
+            received += chunk
+
+
+async def dribble(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Sends ``data`` a byte every 20 ms until it is all sent or the server hangs up."""
+    for byte in data:
+        try:
+            writer.write(bytes([byte]))
+            await writer.drain()
+        except ConnectionError:
+            return
+        await asyncio.sleep(0.02)  # the pace of the attack, not a wait for the server
+
+
+async def test_a_head_sent_a_byte_at_a_time_is_cut_off_after_the_bound() -> None:
+    server = HttpServer(
+        "127.0.0.1:0", registry=CollectorRegistry(), source=FakeSource(), request_s=BOUND_S
+    )
+    await server.start()
+    try:
+        assert server.deadlines is not None
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        began = loop.time()
+        # A head that would take 200 bytes x 20 ms = 4 s, eight times the bound.
+        head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 160 + b"\r\n\r\n"
+        sending = asyncio.create_task(dribble(writer, head))
+        # Meanwhile the replica serves others.
+        assert (await get(server, "/healthz"))[0] == 200
+        received = await closed_by_server(reader, within=10 * BOUND_S)
+        took = loop.time() - began
+        assert received == b""  # cut off: no answer to half a head
+        assert BOUND_S * 0.9 <= took < 4.0, took  # at the bound, long before the head ended
+        assert not sending.done() or sending.result() is None
+        await sending
+        writer.close()
+        assert server.deadlines.cut_off == 1
+
+        # On a kept-alive connection the next head is due within the bound of the answer.
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readuntil(b"ok\n"), 5)
+        assert answer.startswith(b"HTTP/1.1 200")
+        began = loop.time()
+        await dribble_until_closed(writer, reader, head)
+        assert BOUND_S * 0.9 <= loop.time() - began < 4.0
+        assert server.deadlines.cut_off == 2
+    finally:
+        await server.close()
+
+
+async def dribble_until_closed(
+    writer: asyncio.StreamWriter, reader: asyncio.StreamReader, head: bytes
+) -> None:
+    sending = asyncio.create_task(dribble(writer, head))
+    try:
+        assert await closed_by_server(reader, within=10 * BOUND_S) == b""
+    finally:
+        await sending
+        writer.close()
+
+
+async def test_a_body_that_does_not_arrive_within_the_bound_is_refused_and_closed() -> None:
+    server = HttpServer(
+        "127.0.0.1:0", registry=CollectorRegistry(), source=FakeSource(), request_s=BOUND_S
+    )
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\nab")
+        await writer.drain()
+        sending = asyncio.create_task(dribble(writer, b"c" * 200))  # 4 s of body
+        received = await closed_by_server(reader, within=10 * BOUND_S)
+        await sending
+        writer.close()
+        assert received.startswith(b"HTTP/1.1 408"), received[:200]
+        assert b"the request body took over 0.5 s" in received
+        # A body that comes at once is read and answered as before.
+        assert (await get(server, "/healthz"))[0] == 200
+    finally:
+        await server.close()
+
+
+async def test_connections_past_the_most_are_turned_away_until_one_closes() -> None:
+    server = HttpServer(
+        "127.0.0.1:0", registry=CollectorRegistry(), source=FakeSource(), max_connections=2
+    )
+    await server.start()
+    try:
+        assert server.deadlines is not None
+        held = []
+        for _ in range(2):  # two kept-alive connections, each answered once: both are open
+            reader, writer = await asyncio.open_connection(server.host, server.port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            await asyncio.wait_for(reader.readuntil(b"ok\n"), 5)
+            held.append((reader, writer))
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        assert await closed_by_server(reader, within=5) == b""
+        writer.close()
+        assert server.deadlines.turned_away == 1
+        held[0][1].close()
+
+        async def served() -> bool:
+            try:
+                return (await get(server, "/healthz"))[0] == 200
+            except (ConnectionError, IndexError, ValueError):
+                return False  # turned away: the closed one is not yet counted out
+
+        await wait_for_async(served, timeout=5, message="a connection served once one closed")
+        held[1][1].close()
+    finally:
+        await server.close()
+
+
+def test_the_bounds_must_be_positive() -> None:
+    for bad in ({"request_s": 0.0}, {"request_s": -1.0}, {"max_connections": 0}):
+        with pytest.raises(ValueError, match="request_s must be positive"):
+            HttpServer("127.0.0.1:0", registry=CollectorRegistry(), source=FakeSource(), **bad)

@@ -1,9 +1,13 @@
 """The replica's HTTP endpoint on aiohttp: /metrics, /healthz, /readyz and /status, plus the
 routes the composition mounts (the console's pages, at /).
 
-aiohttp parses requests, bounds their heads (line and field sizes, header count) and closes
-idle keep-alive connections; this module adds the headers every answer carries, the errors a
-person can read, and the status token that guards what shows job specs.
+aiohttp parses requests and bounds their heads in size (line and field sizes, header count);
+this module bounds them in time and in number, which aiohttp does not: a connection has
+REQUEST_S from when it opens, or from its last answer, to deliver a whole request head (a
+client that sends one a byte at a time is cut off, as is one that sends nothing), and a
+request's body has REQUEST_S more; at most MAX_CONNECTIONS are open at once (the ones past it
+are closed as they arrive). It adds the headers every answer carries, the errors a person can
+read, and the status token that guards what shows job specs.
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 log = logging.getLogger("hrwcron.http")
 
-# Bounds on a request head (aiohttp's parser enforces them) and on idle connections.
+# Bounds on a request head's size (aiohttp's parser enforces them).
 MAX_LINE = 8 * 1024
 MAX_FIELD = 8 * 1024
 MAX_HEADERS = 64
-KEEPALIVE_S = 15.0
+# How long a connection may take to deliver a request head (from when it opens or from its
+# last answer: this is also how long an idle keep-alive connection stays open), and then its
+# body. A page's request takes milliseconds; a client that dribbles its head is cut off.
+REQUEST_S = 10.0
+# Connections open at once (a replica serves at most 100 event streams, console/events.py).
+MAX_CONNECTIONS = 512
 DEFAULT_LIMIT = 100
 # The most jobs one /status lists (its ``next`` leads to the following ones).
 MAX_LIMIT = 10_000
@@ -51,6 +60,60 @@ class StatusSource(Protocol):
 
 class BadRequest(Exception):
     pass
+
+
+class Deadlines:
+    """Closes a connection that has not delivered a request head within ``seconds`` of
+    opening or of its last answer, and refuses connections past ``most`` open ones.
+
+    aiohttp's server has no such bound of its own (its keep-alive timer is not a contract);
+    this wraps its protocol factory (``web.Server`` is one, as for ``loop.create_server``)
+    and is told by a middleware when a request head has arrived and when its answer is done.
+    """
+
+    def __init__(self, server: web.Server, seconds: float, most: int) -> None:
+        self._server = server
+        self._seconds = seconds
+        self._most = most
+        self._loop = asyncio.get_running_loop()
+        self._timers: dict[asyncio.BaseProtocol, asyncio.TimerHandle] = {}
+        self.cut_off = 0  # connections closed for taking too long over a request head
+        self.turned_away = 0  # connections closed on arrival, past ``most``
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        """A protocol for a new connection (asyncio calls this as it accepts one)."""
+        if len(self._server.connections) >= self._most:
+            self.turned_away += 1
+            return _TurnAway()
+        handler = self._server()
+        self.arm(handler)
+        return handler
+
+    def arm(self, connection: asyncio.BaseProtocol) -> None:
+        """The next request head is due within the bound."""
+        self.disarm(connection)
+        self._timers[connection] = self._loop.call_later(self._seconds, self._due, connection)
+
+    def disarm(self, connection: asyncio.BaseProtocol) -> None:
+        timer = self._timers.pop(connection, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _due(self, connection: asyncio.BaseProtocol) -> None:
+        self._timers.pop(connection, None)
+        if isinstance(connection, web.RequestHandler) and connection.transport is not None:
+            self.cut_off += 1
+            connection.force_close()
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+
+class _TurnAway(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -120,6 +183,35 @@ def page_headers(csp: str) -> dict[str, str]:
     }
 
 
+def _bounded(deadlines: Callable[[], Deadlines | None], seconds: float) -> Any:
+    """The middleware that tells ``Deadlines`` a request head arrived (and its answer is
+    done), and bounds how long the request's body may take to arrive."""
+
+    @web.middleware
+    async def bounded(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        watch = deadlines()
+        connection = request.protocol
+        if watch is not None:
+            watch.disarm(connection)
+        try:
+            if request.body_exists:
+                try:
+                    async with asyncio.timeout(seconds):
+                        await request.read()  # kept by the request for post() and json()
+                except TimeoutError:
+                    response = text_response(408, f"the request body took over {seconds:g} s\n")
+                    response.force_close()
+                    return response
+            return await handler(request)
+        finally:
+            if watch is not None:
+                watch.arm(connection)
+
+    return bounded
+
+
 @web.middleware
 async def _plain_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -158,13 +250,23 @@ class HttpServer:
         source: StatusSource,
         status_token: str | None = None,
         mounts: Sequence[Mount] = (),
+        request_s: float = REQUEST_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
+        """``request_s`` and ``max_connections`` are REQUEST_S and MAX_CONNECTIONS but in
+        tests, which cannot wait ten seconds for a bound."""
+        if not request_s > 0 or max_connections < 1:
+            raise ValueError("request_s must be positive and max_connections at least 1")
         self.host, self.port = parse_listen(listen)
+        self._request_s = request_s
+        self._max_connections = max_connections
         self._registry = registry
         self._source = source
         self._token = status_token
         self._mounts = tuple(mounts)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        self.deadlines: Deadlines | None = None
 
     @property
     def url(self) -> str:
@@ -174,12 +276,13 @@ class HttpServer:
     @property
     def addresses(self) -> list[str]:
         """The addresses the listener is bound to (empty before ``start``)."""
-        if self._runner is None:
+        if self._listener is None:
             return []
-        return [str(address[0]) for address in self._runner.addresses]
+        return [str(sock.getsockname()[0]) for sock in self._listener.sockets]
 
     def application(self) -> web.Application:
-        app = web.Application(middlewares=[_plain_errors], client_max_size=64 * 1024)
+        bounded = _bounded(lambda: self.deadlines, self._request_s)
+        app = web.Application(middlewares=[bounded, _plain_errors], client_max_size=64 * 1024)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -193,7 +296,8 @@ class HttpServer:
             self.application(),
             handle_signals=False,
             access_log=None,
-            keepalive_timeout=KEEPALIVE_S,
+            # aiohttp's own idle timer, a backstop behind the deadlines (which close first).
+            keepalive_timeout=2 * self._request_s,
             max_line_size=MAX_LINE,
             max_field_size=MAX_FIELD,
             max_headers=MAX_HEADERS,
@@ -204,20 +308,31 @@ class HttpServer:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port)
-            await site.start()
+            assert runner.server is not None
+            deadlines = Deadlines(runner.server, self._request_s, self._max_connections)
+            # What TCPSite does, with the factory that keeps the deadlines.
+            loop = asyncio.get_running_loop()
+            self._listener = await loop.create_server(
+                deadlines, self.host, self.port, backlog=128, reuse_address=True
+            )
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
+        self.deadlines = deadlines
         # Port 0 asks the OS for one; report the real one.
-        self.port = int(runner.addresses[0][1])
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         log.info("http endpoint at %s (/metrics, /healthz, /readyz, /status, /)", self.url)
 
     async def close(self) -> None:
         runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         if runner is not None:
             await runner.cleanup()
+        if self.deadlines is not None:
+            self.deadlines.close()
 
     def allowed(self, request: web.BaseRequest) -> bool:
         """Whether ``request`` may read what the status token guards."""

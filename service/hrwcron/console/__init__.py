@@ -82,7 +82,7 @@ class Console:
         self.lister = Lister(scheduler, status, telemetry)
         self.fleet = FleetView(scheduler, status, telemetry)
         self.jobs = JobViews(scheduler, status, telemetry, admin)
-        self.actions = Actions(admin, auth, scheduler.node)
+        self.actions = Actions(admin, auth, scheduler.node, self.lister.matching)
         self.pulses = Pulses(
             scheduler, telemetry, may_read=auth.may_read, walks=lambda: self.fleet.walks
         )

@@ -15,30 +15,38 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from hrwcron.adapters.http import page_headers
+from hrwcron.adapters.http import BadRequest, page_headers
 from hrwcron.admin.api import ERROR_CODES, BackfillResult, PauseResult, TriggerResult
 from hrwcron.admin.replies import ApiError
 from hrwcron.admin.service import AdminService
+from hrwcron.console import action_pages
 from hrwcron.console.auth import Auth, User
 from hrwcron.console.html import CSP, Viewer, button, e, form, job_url, layout, message_page
+from hrwcron.console.listing import ListQuery
 
 audit = logging.getLogger("hrwcron.audit")
 
 MAX_BULK = 200
+# The most jobs one "all matching" pause or resume acts on: past it, narrow the search.
+MAX_ALL = 10_000
 _DONE = {"pause": "paused", "resume": "resumed"}
 
 Page = Callable[[Viewer, str, str, str], str]
+Matching = Callable[[ListQuery, int], Awaitable[tuple[list[str], int]]]
+"""Every job a query finds and how many (no names past the given most): Lister.matching."""
 
 
 class Actions:
-    def __init__(self, admin: AdminService, auth: Auth, node: str) -> None:
+    def __init__(self, admin: AdminService, auth: Auth, node: str, matching: Matching) -> None:
         self._admin = admin
         self._auth = auth
         self._node = node
+        self._matching = matching
         self.refused = 0  # actions refused for want of a signed-in user or a valid form
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/jobs/bulk", self._guard(self._bulk))
+        app.router.add_post("/jobs/bulk-all", self._guard(self._bulk_all))
         app.router.add_post("/jobs/{name}/pause", self._guard(self._pause))
         app.router.add_post("/jobs/{name}/resume", self._guard(self._resume))
         app.router.add_post("/jobs/{name}/trigger", self._guard(self._trigger))
@@ -194,7 +202,7 @@ class Actions:
             layout(
                 viewer,
                 f"backfill {name}",
-                _backfill_body(viewer, reply, body),
+                action_pages.backfill(viewer, reply, body),
                 can_sign_in=True,
                 current="jobs",
                 back=job_url(name),
@@ -245,22 +253,71 @@ class Actions:
                 f"choose pause or resume and 1 to {MAX_BULK} jobs",
                 "/jobs",
             )
-        items = []
+        outcomes = await self._each(request, user, what, names)
+        return self._bulk_result(user, what, names, outcomes)
+
+    async def _each(
+        self, request: web.Request, user: User, what: str, names: list[str]
+    ) -> list[str]:
+        """``jobs.pause`` or ``jobs.resume`` for each name in turn, each an admin request
+        with its audit line; what came of each."""
+        outcomes = []
         for name in names:
             try:
                 reply = await self._call(request, user, f"jobs.{what}", {"name": name})
                 assert isinstance(reply, PauseResult)
-                outcome = _DONE[what] if reply.changed else "no change"
+                outcomes.append(_DONE[what] if reply.changed else "no change")
             except ApiError as exc:
-                outcome = f"refused: {exc.message}"
-            items.append(
-                f'<li><a href="{e(job_url(name))}">{e(name)}</a>: '
-                f'<span class="outcome">{e(outcome)}</span></li>'
-            )
+                outcomes.append(f"refused: {exc.message}")
+        return outcomes
+
+    def _bulk_result(
+        self, user: User, what: str, names: list[str], outcomes: list[str]
+    ) -> web.Response:
         viewer = self._viewer(user)
-        body = f'<h1>{e(what)}: {len(names)} jobs</h1><ul id="bulk-result">{"".join(items)}</ul>'
-        body += '<p><a href="/jobs">back to the jobs</a></p>'
+        body = action_pages.bulk_result(what, _DONE[what], names, outcomes)
         return _html(layout(viewer, f"bulk {what}", body, can_sign_in=True, current="jobs"))
+
+    async def _bulk_all(self, request: web.Request, user: User, data: Any) -> web.Response:
+        """Every job the search and its filters find: the first post asks to confirm, naming
+        how many; the confirmed one acts only if the count is still the one confirmed."""
+        viewer = self._viewer(user)
+        what = str(data.get("action", ""))
+        fields = {k: str(data.get(k, "")) for k in ("q", "state", "tag", "owner", "missed")}
+        try:
+            query = ListQuery.parse(fields)
+        except BadRequest as exc:
+            return self._page(viewer, 400, "Nothing done", str(exc), "/jobs")
+        back = query.url()
+        if what not in _DONE:
+            return self._page(viewer, 400, "Nothing done", "choose pause or resume", back)
+        names, total = await self._matching(query, MAX_ALL)
+        if total > MAX_ALL:
+            text = (
+                f"{total:,} jobs match {query.described()}: one action takes at most "
+                f"{MAX_ALL:,}. Narrow the search or the filters; nothing was changed."
+            )
+            return self._page(viewer, 400, "Too many jobs", text, back)
+        if not total:
+            return self._page(viewer, 400, "Nothing done", "no job matches: nothing changed", back)
+        confirmed = str(data.get("confirm", ""))
+        if confirmed != str(total):
+            body = action_pages.confirm_all(viewer, what, query, total, confirmed)
+            title = f"{what} all matching"
+            return _html(layout(viewer, title, body, can_sign_in=True, current="jobs"))
+        outcomes = await self._each(request, user, what, names)
+        audit.info(
+            "audit: %s jobs.%s all %d matching %s from %s: %d changed, %d refused",
+            user.name,
+            what,
+            total,
+            query.described(),
+            request.remote,
+            outcomes.count(_DONE[what]),
+            sum(o.startswith("refused") for o in outcomes),
+            extra={"user": user.name, "action": f"jobs.{what}", "job": query.described()},
+        )
+        return self._bulk_result(user, what, names, outcomes)
 
 
 def _summary(reply: msgspec.Struct) -> str:
@@ -272,44 +329,6 @@ def _summary(reply: msgspec.Struct) -> str:
         verb = "would publish" if reply.dry_run else "published"
         return f"{verb} {len(reply.published)}, present {len(reply.present)}"
     return "done"
-
-
-def _ticks(keys: list[str]) -> str:
-    shown = "".join(f'<li class="mono">{e(k)}</li>' for k in keys[:50])
-    more = f"<li>… and {len(keys) - 50} more</li>" if len(keys) > 50 else ""
-    return f"<ul>{shown}{more}</ul>" if keys else '<p class="muted">none</p>'
-
-
-def _backfill_body(viewer: Viewer, reply: BackfillResult, asked: dict[str, Any]) -> str:
-    name = reply.name
-    head = (
-        f'<h1>Backfill <span class="mono">{e(name)}</span></h1>'
-        f'<p>from <span class="mono">{e(asked["from"])}</span> to '
-        f'<span class="mono">{e(asked["to"])}</span>: {reply.due} due instants.</p>'
-    )
-    if reply.dry_run:
-        verdict = f'<h2 id="dry-run">Dry run: would publish {len(reply.published)}</h2>'
-    else:
-        verdict = f'<h2 id="published">Published {len(reply.published)}</h2>'
-    parts = [
-        head,
-        verdict,
-        _ticks(reply.published),
-        f"<h2>Already in the stream: {len(reply.present)}</h2>",
-        _ticks(reply.present),
-        f"<h2>Left to the scheduler (within max_lateness): {len(reply.left_to_scheduler)}</h2>",
-        _ticks(reply.left_to_scheduler),
-    ]
-    if reply.dry_run and reply.published:
-        inner = (
-            f'<input type="hidden" name="from" value="{e(asked["from"])}">'
-            f'<input type="hidden" name="to" value="{e(asked["to"])}">'
-            f'<input type="hidden" name="step" value="publish">'
-            + button(f"publish these {len(reply.published)} ticks", css="danger")
-        )
-        parts.append(form(viewer, f"{job_url(name)}/backfill", inner))
-    parts.append(f'<p><a href="{e(job_url(name))}">back to the job</a></p>')
-    return "".join(parts)
 
 
 def _html(text: str, status: int = 200) -> web.Response:

@@ -1,10 +1,12 @@
 """The job list page: the search form, then the results (a part of its own, which the script
-fetches as a person types and when the jobs change), with bulk pause and resume."""
+fetches as a person types and when the jobs change), with bulk pause and resume of the jobs
+chosen on the page or of every job the search finds."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from hrwcron.console.actions import MAX_ALL
 from hrwcron.console.html import Viewer, button, e, form, job_url, until
 from hrwcron.console.listing import STATES, ListQuery, ListResult
 from hrwcron.core.ticks import format_ms
@@ -109,7 +111,32 @@ def results(viewer: Viewer, found: ListResult, now_ms: int) -> str:
             + "</p>"
         )
         table = form(viewer, "/jobs/bulk", actions + table, css="bulk-form")
+        table = _all_matching(viewer, q, found.total) + table
     return f'<section id="results" data-revision="{found.revision}">{summary}{table}{nav}</section>'
+
+
+def _all_matching(viewer: Viewer, q: ListQuery, total: int) -> str:
+    """Pause or resume every job the search and filters find, on every page: a form that
+    leads to a confirmation naming the count (the server refuses past MAX_ALL as well)."""
+    if not total:
+        return ""
+    if total > MAX_ALL:
+        return (
+            f'<p class="bulk-all muted">{total:,} jobs match: pausing or resuming all matching '
+            f"jobs takes at most {MAX_ALL:,} at once; narrow the search.</p>"
+        )
+    hidden = "".join(
+        f'<input type="hidden" name="{e(k)}" value="{e(v)}">' for k, v in q.criteria().items()
+    )
+    noun = "job" if total == 1 else "jobs"
+    inner = (
+        hidden
+        + f"with all {total:,} matching {noun} (every page): "
+        + button(f"pause all {total:,}", "action", "pause")
+        + " "
+        + button(f"resume all {total:,}", "action", "resume")
+    )
+    return form(viewer, "/jobs/bulk-all", f'<p class="bulk">{inner}</p>', css="bulk-all")
 
 
 def search_form(q: ListQuery, members: list[str]) -> str:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
 
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
 from hrwcron.adapters.http import BadRequest
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.status import ReplicaStatus
-from hrwcron.console.index import Facets, JobIndex, Names, set_bits, to_mask
+from hrwcron.console.index import Facets, JobIndex, Names, every_bit, set_bits, to_mask
 from hrwcron.core.plan import Allowance
 from hrwcron.engine.scheduler import Scheduler
 
@@ -69,6 +72,18 @@ class ListQuery:
             limit=numbers["limit"],
         )
 
+    def criteria(self) -> dict[str, str]:
+        """What this query asks for, whatever its page: its text and filters, as non-empty
+        form fields (what ``parse`` reads back)."""
+        fields = {"q": self.q, "state": self.state, "tag": self.tag, "owner": self.owner}
+        fields["missed"] = "1" if self.missed else ""
+        return {k: v for k, v in fields.items() if v}
+
+    def described(self) -> str:
+        """The criteria in words, for a confirmation and the audit log."""
+        said = ", ".join(f"{k}={v!r}" for k, v in self.criteria().items())
+        return said or "every job"
+
     @property
     def filtered(self) -> bool:
         return bool(self.state or self.tag or self.owner or self.missed)
@@ -97,12 +112,40 @@ class ListResult:
     took_ms: float
 
 
+class IndexMetrics(Collector):
+    """The latest build of each kind (names, names checked, facets, facets updated): the
+    longest turn of the event loop it held, and how long it took in all."""
+
+    def __init__(self, index: JobIndex) -> None:
+        self._index = index
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        turn = GaugeMetricFamily(
+            "hrwcron_console_index_longest_turn_seconds",
+            "The longest the console's latest build of its job index or filters, of each kind, "
+            "held the event loop at once",
+            labels=["build"],
+        )
+        took = GaugeMetricFamily(
+            "hrwcron_console_index_build_seconds",
+            "How long the console's latest build of its job index or filters, of each kind, "
+            "took from start to end (in slices)",
+            labels=["build"],
+        )
+        for build, (longest, whole) in sorted(self._index.timings.items()):
+            turn.add_metric([build], longest)
+            took.add_metric([build], whole)
+        yield turn
+        yield took
+
+
 class Lister:
     def __init__(self, scheduler: Scheduler, status: ReplicaStatus, telemetry: Telemetry) -> None:
         self._s = scheduler
         self._status = status
         self._telemetry = telemetry
         self.index = JobIndex(scheduler.clock.monotonic)
+        telemetry.registry.register(IndexMetrics(self.index))
         # The searches for states of jobs with windows and exclusions, shared by one build.
         self._allowance = Allowance()
 
@@ -110,7 +153,7 @@ class Lister:
         began = time.perf_counter()
         s = self._s
         revision = s.jobs_revision
-        names = self.index.names(revision, lambda: [*s.jobs, *s.skipped])
+        names = await self.index.names(revision, lambda: [*s.jobs, *s.skipped])
         if query.filtered:
             chosen, total = await self._filtered(names, query)
         else:
@@ -126,6 +169,18 @@ class Lister:
     async def _filtered(self, names: Names, query: ListQuery) -> tuple[list[str], int]:
         """The search's matches (prefix ones, then the others) and every filter as bitmasks
         over the names: their intersection is counted and paged in C."""
+        first, then = await self._masks(names, query)
+        ahead = first.bit_count()
+        total = ahead + then.bit_count()
+        start, end = query.start, query.start + query.limit
+        positions = set_bits(first, start, query.limit) if start < ahead else []
+        if len(positions) < query.limit and end > ahead:
+            positions += set_bits(then, max(0, start - ahead), query.limit - len(positions))
+        return [names.names[p] for p in positions], total
+
+    async def _masks(self, names: Names, query: ListQuery) -> tuple[int, int]:
+        """The jobs ``query`` finds as two bitmasks over ``names``: the prefix matches of its
+        text, then the other names holding it, each within every filter."""
         everyone = (1 << len(names.names)) - 1
         wanted = everyone
         if query.state or query.tag or query.owner:
@@ -142,22 +197,33 @@ class Lister:
             found = (names.position(n) for n in missed)
             wanted &= to_mask((p for p in found if p is not None), len(names.names))
         first, then = names.masks(query.q)
-        first &= wanted
-        then &= wanted
-        ahead = first.bit_count()
-        total = ahead + then.bit_count()
-        start, end = query.start, query.start + query.limit
-        positions = set_bits(first, start, query.limit) if start < ahead else []
-        if len(positions) < query.limit and end > ahead:
-            positions += set_bits(then, max(0, start - ahead), query.limit - len(positions))
-        return [names.names[p] for p in positions], total
+        return first & wanted, then & wanted
+
+    async def matching(self, query: ListQuery, most: int) -> tuple[list[str], int]:
+        """Every job ``query`` finds, whatever its page (``start`` and ``limit`` do not
+        count), in the list's order, and how many they are; no names when over ``most``."""
+        s = self._s
+        names = await self.index.names(s.jobs_revision, lambda: [*s.jobs, *s.skipped])
+        first, then = await self._masks(names, query)
+        total = first.bit_count() + then.bit_count()
+        if total > most:
+            return [], total
+        return [names.names[p] for p in (*every_bit(first), *every_bit(then))], total
 
     async def facets(self, names: Names | None = None) -> Facets:
         s = self._s
         if names is None:
-            names = self.index.names(s.jobs_revision, lambda: [*s.jobs, *s.skipped])
+            names = await self.index.names(s.jobs_revision, lambda: [*s.jobs, *s.skipped])
         self._allowance = Allowance()  # for this build, should it happen
-        return await self.index.facets(names, tuple(self._telemetry.live), self._facet_row)
+        live = tuple(self._telemetry.live)
+        return await self.index.facets(names, live, self._facet_row, self._version)
+
+    def _version(self, name: str) -> int:
+        job = self._s.jobs.get(name)
+        if job is not None:
+            return job.revision
+        skipped = self._s.skipped.get(name)
+        return skipped[0] if skipped is not None else -1
 
     def _facet_row(self, name: str) -> tuple[list[str], str, list[str]]:
         s = self._s
