@@ -26,6 +26,9 @@ from .scale import ScaleResult
 from .searches import SearchesResult
 from .searches import goal_rows as search_goal_rows
 from .searches import section as search_section
+from .shares import SharesResult
+from .shares import goal_rows as shares_goal_rows
+from .shares import section as shares_section
 
 LATENESS = (
     "**Lateness** of a trigger is the JetStream timestamp of the stored message (set by the "
@@ -58,6 +61,7 @@ class Results:
     curve: CurveResult | None = None
     errors: list[str] = field(default_factory=list)
     durability: DurabilityResult | None = None
+    shares: SharesResult | None = None
 
 
 def _ms(value: float) -> str:
@@ -445,6 +449,7 @@ def _goal_rows(r: Results) -> list[tuple[str, str, str]]:
     rows += console_goal_rows(r.console)
     rows += herd_goal_rows(r.herds)
     rows += curve_goal_rows(r.curve)
+    rows += shares_goal_rows(r.shares)
     return rows
 
 
@@ -513,6 +518,7 @@ def results_md(r: Results) -> str:
     lines += herd_section(r.herds, 9)
     lines += curve_section(r.curve, 10)
     lines += console_section(r.console, 11)
+    lines += shares_section(r.shares, 12)
     if r.errors:
         lines += ["## Sections that failed", "", *[f"- {e}" for e in r.errors], ""]
     return "\n".join(lines).rstrip() + "\n"

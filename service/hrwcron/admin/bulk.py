@@ -214,9 +214,10 @@ async def read_elsewhere(
     held = scheduler.held_lanes
     if held is None:
         return {}
+    # A create (revision 0) needs nothing read: its create-only write fails if the job exists.
     wanted = {
         name
-        for name in [*(name_in(raw) for raw in raws), *names]
+        for name in [*(name_in(raw) for raw in raws if not _creates(raw)), *names]
         if name
         and name not in scheduler.jobs
         and partitions.lane_of(name, ()) not in held
@@ -230,6 +231,14 @@ async def read_elsewhere(
 
     found = await asyncio.gather(*(read(name) for name in sorted(wanted)))
     return {name: event for name, event in found if event is not None}
+
+
+def _creates(raw: msgspec.Raw) -> bool:
+    try:
+        item = msgspec.json.decode(raw, type=dict[str, Any])
+    except (msgspec.MsgspecError, RecursionError):
+        return False
+    return item.get("revision") == 0
 
 
 def name_in(raw: msgspec.Raw) -> str:
