@@ -9,6 +9,8 @@ DURATION ?= 1200
 SYNC ?= always
 # Seconds of work before the first fault (130: past nats-server's default two-minute flush).
 WARMUP ?= 0
+# scheduler.holders of the chaos runs' replicas: 0 (each holds every job) or 2 (shares).
+HOLDERS ?= 0
 
 # Test worker processes: most tests wait on real servers and replicas rather than compute, so
 # twice the cores keeps a 2-core machine busy without starving the timing-sensitive ones. An
@@ -114,7 +116,7 @@ bench-full: $(BENCH_STAMP)
 	$(BIN)/python -m bench --full
 
 chaos: $(STAMP) system-deps
-	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) --chaos-sync=$(SYNC) --chaos-warmup=$(WARMUP) tests/chaos
+	$(BIN)/python -m pytest -q -m chaos --chaos-seed=$(SEED) --chaos-duration=$(DURATION) --chaos-sync=$(SYNC) --chaos-warmup=$(WARMUP) --chaos-holders=$(HOLDERS) tests/chaos
 
 clean:
 	rm -rf $(VENV) build *.egg-info service/*.egg-info $(JS_WORKER)/node_modules

@@ -54,6 +54,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "shipped), default (the server's own, every 2 minutes) or a duration such as 10s",
     )
     group.addoption(
+        "--chaos-holders",
+        type=int,
+        default=0,
+        help="scheduler.holders of the long chaos runs' replicas (0: each holds every job; 2: "
+        "each holds a share, and churn and kills move lanes between them)",
+    )
+    group.addoption(
         "--chaos-warmup",
         type=float,
         default=0.0,
@@ -70,6 +77,11 @@ def chaos_seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture
 def chaos_duration(request: pytest.FixtureRequest) -> float:
     return float(request.config.getoption("--chaos-duration"))
+
+
+@pytest.fixture
+def chaos_holders(request: pytest.FixtureRequest) -> int:
+    return int(request.config.getoption("--chaos-holders"))
 
 
 @pytest.fixture

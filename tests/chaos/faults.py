@@ -169,9 +169,15 @@ class World:
     faults: list[Fault] = field(default_factory=list)
     # Replicas record every PubAck of a trigger (harness/ackjournal.py), for the lost-ack check.
     ack_journal: bool = False
+    # scheduler.holders of every replica (0: each holds every job).
+    holders: int = 0
 
     def __post_init__(self) -> None:
-        env = {"HRWCRON_SCHEDULER_REPLICAS": "3", **self.timings.env()}
+        env = {
+            "HRWCRON_SCHEDULER_REPLICAS": "3",
+            "HRWCRON_SCHEDULER_HOLDERS": str(self.holders),
+            **self.timings.env(),
+        }
         count, logs = self.replicas + self.spares, self.base_dir / "replicas"
         if self.ack_journal:
             self.fleet = ReplicaFleet(

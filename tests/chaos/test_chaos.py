@@ -126,6 +126,7 @@ async def chaos_world(
     power_sync: str | None = None,
     span_s: float = 120.0,
     route_links: bool = False,
+    holders: int = 0,
 ) -> AsyncIterator[Run]:
     """With ``power_sync`` (``always``, ``default``), every NATS node's store is on a powerfs
     mount with that sync_interval, and the replicas keep an ack journal. With ``route_links``
@@ -141,7 +142,14 @@ async def chaos_world(
         )
     await asyncio.to_thread(cluster.start)
     journal = power_sync is not None
-    world = World(cluster, tmp_path / "world", timings, faketime=faketime, ack_journal=journal)
+    world = World(
+        cluster,
+        tmp_path / "world",
+        timings,
+        faketime=faketime,
+        ack_journal=journal,
+        holders=holders,
+    )
     stores: Stores | None = None
     try:
         # R3 buckets and stream, as replicas make them; a cluster that has just formed can
@@ -220,6 +228,45 @@ async def test_bounded_chaos(tmp_path: Path) -> None:
         modes = {f.detail.split()[0] for f in w.faults if f.kind == PARTITION}
         assert modes == set(PARTITION_MODES)
         assert verdict.ticks > 500  # enough ticks that a lost or doubled one would show
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+async def test_bounded_chaos_holding_shares(tmp_path: Path) -> None:
+    """Replicas holding shares (scheduler.holders = 2) under the faults that move lanes:
+    kills, churn (joins and leaves), restarts and a rolling upgrade, some at once."""
+    rng = random.Random(BOUNDED_SEED + 1)
+    async with chaos_world(tmp_path, BOUNDED, faketime=False, holders=2) as run:
+        w = run.world
+        schedule = Schedule(w, rng, max_active=3, gap_s=(0.5, 2.0))
+
+        def replica() -> int:
+            return free_replica(w, rng)
+
+        def node_kill() -> object:
+            nats_free(w)
+            return kill_nats_node(w, rng.randrange(3), 3.0)
+
+        await schedule.script(
+            [
+                ("kill -9", lambda: kill_replica(w, replica(), 4.0)),
+                ("churn", lambda: churn(w, rng, 12.0)),
+                ("kill -9 while lanes move", lambda: kill_replica(w, replica(), 3.0)),
+                ("short pause", lambda: pause_replica(w, replica(), BOUNDED.member_ttl + 1)),
+                ("graceful", lambda: graceful_restart(w, replica())),
+                ("NATS node", node_kill),
+                ("rolling upgrade", lambda: rolling_upgrade(w)),
+            ]
+        )
+        await schedule.finish()
+        verdict = await run.verdict(now_ms() - 1_000)
+        print(verdict.table())
+        assert verdict.ok, run.explain(verdict)
+        done = {f.kind for f in w.faults}
+        assert done >= {KILL, CHURN, GRACEFUL, NATS_KILL, ROLLING, PAUSE}
+        lost = replicas_lost(w)
+        assert lost == [], "\n".join(lost) + "\n\n" + tracebacks_in_full(w)
+        assert verdict.ticks > 300
 
 
 def replicas_lost(world: World) -> list[str]:
@@ -465,7 +512,12 @@ def write_report(
 @pytest.mark.cluster
 @pytest.mark.timeout(0)  # bounded below by the requested duration instead
 async def test_long_chaos(
-    tmp_path: Path, chaos_seed: int, chaos_duration: float, chaos_sync: str, chaos_warmup: float
+    tmp_path: Path,
+    chaos_seed: int,
+    chaos_duration: float,
+    chaos_sync: str,
+    chaos_warmup: float,
+    chaos_holders: int,
 ) -> None:
     rng = random.Random(chaos_seed)
     began = now_ms()
@@ -480,7 +532,13 @@ async def test_long_chaos(
     async def scenario() -> None:
         span = chaos_duration + chaos_warmup
         async with chaos_world(
-            tmp_path, LONG, faketime=True, power_sync=power_sync, span_s=span, route_links=True
+            tmp_path,
+            LONG,
+            faketime=True,
+            power_sync=power_sync,
+            span_s=span,
+            route_links=True,
+            holders=chaos_holders,
         ) as run:
             schedule = Schedule(run.world, rng, kinds, max_active=4, gap_s=(0.3, 3.0))
             schedule.makers = makers
@@ -493,9 +551,11 @@ async def test_long_chaos(
             verdict = await run.verdict(now_ms() - 1_000)
             suffix = "" if chaos_sync == SYNC_ALWAYS else f"-sync-{chaos_sync}"
             suffix += f"-warmup{chaos_warmup:g}s" if chaos_warmup else ""
+            suffix += f"-holders{chaos_holders}" if chaos_holders else ""
             replay = ("" if chaos_sync == SYNC_ALWAYS else f" SYNC={chaos_sync}") + (
                 f" WARMUP={chaos_warmup:g}" if chaos_warmup else ""
             )
+            replay += f" HOLDERS={chaos_holders}" if chaos_holders else ""
             name = f"chaos-seed{chaos_seed}-{chaos_duration:g}s{suffix}.md"
             write_report(
                 REPORTS / name,

@@ -10,6 +10,7 @@ import pytest
 
 from harness import wait_for_async
 from hrwcron.admin import AdminError
+from hrwcron.admin.replies import ApiError
 from hrwcron.core import partitions
 from hrwcron.core.model import JobSpec
 
@@ -111,3 +112,27 @@ async def test_a_listing_pages_through_every_job_whoever_holds_it(cluster: Clust
         assert found == names
     everything = await cluster.admin.all_jobs("listed.")
     assert [entry.name for entry in everything] == names
+
+
+async def test_an_in_process_call_about_a_job_held_elsewhere_goes_to_a_holder(
+    cluster: Cluster,
+) -> None:
+    """What the console does: AdminService.call on the replica that serves the page."""
+    names = [f"called.j{i}" for i in range(12)]
+    for name in names:
+        await cluster.admin.put_job(JobSpec(name=name, schedule="@hourly"))
+    await wait_for_async(
+        lambda: all(len(held_by(cluster, n)) == 2 for n in names),
+        timeout=DEADLINE,
+        message="each job held by two",
+    )
+    name = names[0]
+    outsider = next(r for n, r in cluster.replicas.items() if n not in held_by(cluster, name))
+    assert outsider.admin is not None
+    before = outsider.admin.sent_on
+    result = await outsider.admin.call("jobs.pause", b'{"name": "%s"}' % name.encode())
+    assert result.paused and result.changed  # type: ignore[attr-defined]
+    assert outsider.admin.sent_on == before + 1
+    with pytest.raises(ApiError) as refused:
+        await outsider.admin.call("jobs.pause", b'{"name": "%s", "revision": 1}' % name.encode())
+    assert refused.value.code == "conflict"

@@ -373,6 +373,21 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "history": HistoryRequest,
 }
 
+# What each verb answers (a request sent on to another replica comes back as this).
+REPLY_TYPES: dict[str, type[msgspec.Struct]] = {
+    "jobs.list": JobList,
+    "jobs.get": JobEntry,
+    "jobs.put": PutResult,
+    "jobs.bulk": BulkResult,
+    "jobs.delete": DeleteResult,
+    "jobs.pause": PauseResult,
+    "jobs.resume": PauseResult,
+    "trigger": TriggerResult,
+    "backfill": BackfillResult,
+    "status": StatusReply,
+    "history": HistoryReply,
+}
+
 R = TypeVar("R", bound=msgspec.Struct)
 
 _AT = re.compile(r" - at `\$\.?([^`]*)`$")

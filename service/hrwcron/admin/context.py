@@ -58,6 +58,8 @@ class ServiceContext:
         # Every stored job name, sorted, as of a jobs revision: pages of a listing find their
         # place in it by bisection instead of sorting 100,000 names for each page.
         self._names: tuple[int, list[str]] = (-1, [])
+        # The names this replica lists for a listing merged from every member's share.
+        self._listed: tuple[tuple[int, int], list[str]] = ((-1, -1), [])
         self._service: Service | None = None  # the micro service, once started
         self.refused_replies = 0  # requests dropped for a reply subject that is no inbox
         self.sent_on = 0  # requests about a job held elsewhere, sent on to a holder

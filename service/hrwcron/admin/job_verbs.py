@@ -118,9 +118,14 @@ class JobVerbs(ServiceContext):
 
     def _listed_names(self) -> list[str]:
         """The names this replica lists for a merged page: its held jobs of the lanes it is
-        the first live holder of (core/partitions.py), the tagged lane's when it is first."""
+        the first live holder of (core/partitions.py), the tagged lane's when it is first;
+        kept while neither the jobs nor the members change, as a listing is many pages."""
         scheduler = self._scheduler
-        return sorted(name for name in self._stored_names() if scheduler.lists(name))
+        key = (scheduler.jobs_revision, scheduler.members_generation)
+        if self._listed[0] != key:
+            names = [name for name in self._stored_names() if scheduler.lists(name)]
+            self._listed = (key, names)  # a sorted list filtered stays sorted
+        return self._listed[1]
 
     async def _skipped_entry(self, name: str) -> JobEntry | None:
         stored = await self._jobs.get(name)

@@ -24,8 +24,10 @@ from hrwcron import __version__
 from hrwcron.admin.api import (
     ERROR_CODES,
     QUEUE_GROUP,
+    REPLY_TYPES,
     REQUEST_TYPES,
     SERVICE_NAME,
+    ErrorReply,
     RequestProblem,
     decode_request,
     subject,
@@ -130,6 +132,14 @@ class AdminService(JobVerbs, RunVerbs):
                 parsed = decode_request(data, REQUEST_TYPES[verb])
             except RequestProblem as exc:
                 raise bad(exc.field, exc.message) from None
+            holder = holder_for(self._scheduler, verb, parsed)
+            if holder is not None:
+                self.sent_on += 1
+                answer = await send_to(self._client, self.prefix, holder, verb, data)
+                if relayed_error(answer) is not None:
+                    error = msgspec.json.decode(answer.data, type=ErrorReply).error
+                    raise ApiError(error.code, error.message, error.field)
+                return msgspec.json.decode(answer.data, type=REPLY_TYPES[verb])
             return await self._handlers[verb](parsed)
         except Exception as exc:
             raise self._error(verb, exc) from None

@@ -413,6 +413,11 @@ class Scheduler:
         return self._table.by_subject.get(subject)
 
     @property
+    def members_generation(self) -> int:
+        """Bumped whenever the ready or the live members change."""
+        return self._membership.generation
+
+    @property
     def live_nodes(self) -> list[str]:
         """Every live member, ready or not, this replica included."""
         return self._membership.live_nodes

@@ -218,6 +218,8 @@ async def latest(js: JetStreamContext, bucket: str) -> list[tuple[str, bytes, in
 # one filter's work (about 0.2 s at 1,400 filters, 3 s at 5,500), so a watch over many subjects
 # is several consumers of at most this many.
 FILTERS_PER_CONSUMER = 1024
+# While changes keep coming, how often a watch says how far it has got.
+TELL_EVERY = 0.05
 
 
 async def watch_subjects(
@@ -233,9 +235,10 @@ async def watch_subjects(
     arrived, then every change. Ordered consumers, so a gap makes the client start over from
     where it was, and one consumer per FILTERS_PER_CONSUMER patterns.
 
-    An int is a revision up to which every matching change has been delivered: after the
-    initial values, then every ``check_every`` seconds (and when ``nudge`` is set) once each
-    consumer says it has nothing pending and has sent nothing not yet delivered here. A
+    An int is a revision up to which every matching change has been delivered, yielded when it
+    moves: a consumer has delivered every matching change before the newest one it delivered,
+    and every one up to the stream's newest when it says it has nothing pending and has sent
+    nothing not yet here (asked every ``check_every`` seconds, and when ``nudge`` is set). A
     consumer that is gone (a server restarted) ends the watch with StoreUnavailable, for the
     caller to start it again."""
     stream = f"KV_{bucket}"
@@ -251,9 +254,11 @@ async def watch_subjects(
     queue: asyncio.Queue[tuple[int, Msg]] = asyncio.Queue()
     subscriptions = []
     caught_up: set[int] = set()
-    # Per consumer, the consumer sequence of the newest message yielded: what it has sent
-    # that is not yet here is what its own count says on top of that.
+    # Per consumer: the name and consumer sequence of the newest message yielded (what it has
+    # sent beyond that is on its way), and the revision it has delivered everything up to.
     delivered: list[tuple[str, int]] = [("", 0)] * len(chunks)
+    cover = [0] * len(chunks)
+    told, tell_at = -1, 0.0
     loop = asyncio.get_running_loop()
     try:
         start = int((await js.stream_info(stream)).state.last_seq or 0)
@@ -273,23 +278,27 @@ async def watch_subjects(
             if nothing_to_read(await subscription.consumer_info()):
                 caught_up.add(index)
         if len(caught_up) == len(chunks):
+            cover = [max(c, start) for c in cover]
             yield None
-            yield start
         next_check = loop.time() + check_every
         nudged = nudge or asyncio.Event()
         while True:
+            loaded = len(caught_up) == len(chunks)
+            if loaded and min(cover) > told and (queue.empty() or loop.time() >= tell_at):
+                told, tell_at = min(cover), loop.time() + TELL_EVERY
+                yield told
+            if nudged.is_set():
+                next_check = min(next_check, loop.time())
             if not queue.empty():
                 index, msg = queue.get_nowait()
-            elif nudged.is_set():
+            elif loaded and loop.time() >= next_check:
                 index = -1
-                next_check = loop.time()
             else:
                 index, msg = await _next_or_check(queue, nudged, next_check - loop.time())
-                if index < 0 and nudged.is_set():
-                    next_check = loop.time()
             if index >= 0:
                 meta = msg.metadata
                 delivered[index] = (meta.consumer or "", int(meta.sequence.consumer))
+                cover[index] = max(cover[index], int(meta.sequence.stream))
                 yield KeyValue.Entry(
                     bucket=bucket,
                     key=msg.subject[len(prefix) :],
@@ -302,14 +311,13 @@ async def watch_subjects(
                 if index not in caught_up and meta.num_pending == 0:
                     caught_up.add(index)
                     if len(caught_up) == len(chunks):
+                        cover = [max(c, start) for c in cover]
                         yield None
-                        yield start
-            if len(caught_up) == len(chunks) and loop.time() >= next_check:
+            elif loaded and loop.time() >= next_check:
                 next_check = loop.time() + check_every
                 nudged.clear()
-                covered = await _covered(js, stream, subscriptions, delivered)
-                if covered is not None:
-                    yield covered
+                newest, drained = await _drained(js, stream, subscriptions, delivered)
+                cover = [max(c, newest) if d else c for c, d in zip(cover, drained, strict=True)]
     finally:
         for subscription in subscriptions:
             # On a closed connection this raises, and would replace a cancellation.
@@ -336,14 +344,16 @@ async def _next_or_check(
     return -1, None
 
 
-async def _covered(
+async def _drained(
     js: JetStreamContext,
     stream: str,
     subscriptions: Sequence[Any],
     delivered: list[tuple[str, int]],
-) -> int | None:
-    """The stream's newest revision when no consumer has anything left for this watch."""
+) -> tuple[int, list[bool]]:
+    """The stream's newest revision, and per consumer whether it has nothing left for this
+    watch (nothing pending, nothing sent that has not arrived)."""
     newest = int((await js.stream_info(stream)).state.last_seq or 0)
+    drained = []
     for subscription, seen in zip(subscriptions, delivered, strict=True):
         try:
             info = await subscription.consumer_info()
@@ -353,9 +363,8 @@ async def _covered(
         # An ordered consumer started over counts from 1 again: what it sent is unknown here
         # until one of its messages arrives.
         behind = sent > seen[1] if info.name == seen[0] else sent > 0
-        if (info.num_pending or 0) > 0 or behind:
-            return None
-    return newest
+        drained.append(not (info.num_pending or 0) and not behind)
+    return newest, drained
 
 
 async def watch_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
