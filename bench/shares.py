@@ -62,8 +62,12 @@ class SharesResult:
 
 
 async def _held(stores: object, nodes: list[str]) -> dict[str, int]:
-    """Jobs held per node, as each announces in its heartbeat."""
-    records = await stores.members.snapshot()  # type: ignore[attr-defined]
+    """Jobs held per node, as each announces in its heartbeat (nothing while NATS, busy
+    with a million jobs, does not answer: the caller asks again)."""
+    try:
+        records = await stores.members.snapshot()  # type: ignore[attr-defined]
+    except Exception:
+        return {}
     return {n: r.heartbeat.jobs for n, r in records.items() if n in nodes}
 
 

@@ -217,17 +217,12 @@ async def test_bounded_chaos(tmp_path: Path) -> None:
             ]
         )
         await schedule.finish()
-        verdict = await run.verdict(now_ms() - 1_000)
-        print(verdict.table())
-        assert verdict.ok, run.explain(verdict)
-        done = {f.kind for f in w.faults}
+        # Enough ticks that a lost or doubled one would show.
+        done = await judged(run, min_ticks=500)
         assert done >= {PAUSE, PARTITION, NATS_LEADER, KILL, CHURN, GRACEFUL, NATS_KILL, ROLLING}
         assert POISON in done
-        lost = replicas_lost(w)
-        assert lost == [], "\n".join(lost) + "\n\n" + tracebacks_in_full(w)
         modes = {f.detail.split()[0] for f in w.faults if f.kind == PARTITION}
         assert modes == set(PARTITION_MODES)
-        assert verdict.ticks > 500  # enough ticks that a lost or doubled one would show
 
 
 @pytest.mark.cluster
@@ -259,14 +254,19 @@ async def test_bounded_chaos_holding_shares(tmp_path: Path) -> None:
             ]
         )
         await schedule.finish()
-        verdict = await run.verdict(now_ms() - 1_000)
-        print(verdict.table())
-        assert verdict.ok, run.explain(verdict)
-        done = {f.kind for f in w.faults}
+        done = await judged(run, min_ticks=300)
         assert done >= {KILL, CHURN, GRACEFUL, NATS_KILL, ROLLING, PAUSE}
-        lost = replicas_lost(w)
-        assert lost == [], "\n".join(lost) + "\n\n" + tracebacks_in_full(w)
-        assert verdict.ticks > 300
+
+
+async def judged(run: Run, *, min_ticks: int) -> set[str]:
+    """Check the stream, the replicas' logs and the tick count; the kinds of fault done."""
+    verdict = await run.verdict(now_ms() - 1_000)
+    print(verdict.table())
+    assert verdict.ok, run.explain(verdict)
+    lost = replicas_lost(run.world)
+    assert lost == [], "\n".join(lost) + "\n\n" + tracebacks_in_full(run.world)
+    assert verdict.ticks > min_ticks
+    return {f.kind for f in run.world.faults}
 
 
 def replicas_lost(world: World) -> list[str]:

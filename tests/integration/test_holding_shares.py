@@ -31,15 +31,20 @@ def held_by(cluster: Cluster, name: str) -> list[str]:
     return sorted(n for n, r in cluster.replicas.items() if name in r.scheduler.jobs)
 
 
-async def test_a_job_is_held_by_two_of_three_and_answered_by_any(cluster: Cluster) -> None:
-    names = [f"share.j{i}" for i in range(12)]
+async def put_and_hold(cluster: Cluster, names: list[str], schedule: str) -> None:
+    """Write the jobs through the admin API, until each is held by its lane's two holders."""
     for name in names:
-        await cluster.admin.put_job(JobSpec(name=name, schedule="@every 1s"))
+        await cluster.admin.put_job(JobSpec(name=name, schedule=schedule))
     await wait_for_async(
         lambda: all(len(held_by(cluster, n)) == 2 for n in names),
         timeout=DEADLINE,
         message="each job held by its lane's two holders",
     )
+
+
+async def test_a_job_is_held_by_two_of_three_and_answered_by_any(cluster: Cluster) -> None:
+    names = [f"share.j{i}" for i in range(12)]
+    await put_and_hold(cluster, names, "@every 1s")
     held = {n: len(r.scheduler.jobs) for n, r in cluster.replicas.items()}
     assert all(count < len(names) for count in held.values()), held
     # Whichever replica the queue group picks, every job is found, paused and resumed.
@@ -119,13 +124,7 @@ async def test_an_in_process_call_about_a_job_held_elsewhere_goes_to_a_holder(
 ) -> None:
     """What the console does: AdminService.call on the replica that serves the page."""
     names = [f"called.j{i}" for i in range(12)]
-    for name in names:
-        await cluster.admin.put_job(JobSpec(name=name, schedule="@hourly"))
-    await wait_for_async(
-        lambda: all(len(held_by(cluster, n)) == 2 for n in names),
-        timeout=DEADLINE,
-        message="each job held by two",
-    )
+    await put_and_hold(cluster, names, "@hourly")
     name = names[0]
     outsider = next(r for n, r in cluster.replicas.items() if n not in held_by(cluster, name))
     assert outsider.admin is not None

@@ -21,6 +21,7 @@ from hrwcron.core.errors import (
     NatsSetupError,
     StreamConfigError,
 )
+from hrwcron.core.model import JobSpec
 from hrwcron.engine.ports import JobEvent, NullObserver, StoreUnavailable
 from hrwcron.engine.scheduler import Scheduler, Settings
 from hrwcron.process.startup import (
@@ -188,6 +189,18 @@ class SilentJobs(MemoryJobs):
         yield None
 
 
+class TricklingJobs(MemoryJobs):
+    """A job list that arrives slowly but steadily (a million jobs on a busy machine): a job
+    every 20 s, 10 of them, far longer than a silent store is waited for."""
+
+    async def watch(self, lanes: Collection[str] | None = None) -> AsyncIterator[JobEvent | None]:
+        for i in range(10):
+            await asyncio.sleep(20)
+            yield JobEvent(f"slow{i}", JobSpec(name=f"slow{i}", schedule="@hourly"), i + 1)
+        yield None
+        await asyncio.Event().wait()
+
+
 def scheduler(members: MemoryMembers, jobs: MemoryJobs) -> Scheduler:
     return Scheduler(
         SETTINGS,
@@ -224,3 +237,13 @@ async def test_a_start_refused_for_a_live_node_id_leaves_that_replica_alone() ->
         assert (await members.snapshot())["solo"].heartbeat.instance == live.instance
     finally:
         await live.stop()
+
+
+async def test_a_job_list_that_keeps_arriving_is_waited_for_however_long_it_takes() -> None:
+    members = MemoryMembers(SETTINGS.member_ttl)
+    slow = scheduler(members, TricklingJobs())
+    await asyncio.wait_for(slow.start(), timeout=600)
+    try:
+        assert sorted(slow.jobs) == [f"slow{i}" for i in range(10)]
+    finally:
+        await slow.stop()

@@ -118,6 +118,7 @@ class JobTable:
         self.digest = 0  # xor of the loaded specs' hashes: equal across agreeing replicas
         self.revision = 0  # newest jobs-bucket revision the watch delivered
         self.loaded = asyncio.Event()
+        self.applied = 0  # changes taken from the watches: start-up waits while this moves
         self.stopping = False
         self._watch: asyncio.Task[None] | None = None
         # The lanes this replica holds (None: every job), and the watches that deliver them:
@@ -243,6 +244,7 @@ class JobTable:
                     if self.held is None:
                         self.revision = max(self.revision, event.revision)
                     self.apply(event)
+                    self.applied += 1
                     if slices.spent():
                         await asyncio.sleep(0)
                     if slices.count % FREEZE_EVERY == 0 and not self.loaded.is_set():

@@ -309,7 +309,7 @@ class Scheduler:
         if self.settings.holders > 0:
             await membership.settle()
         self._table.start_watch()
-        await _wait_event(self._table.loaded, 60, "job list")
+        await self._wait_loaded()
         self._spawn(self._table.guard(), "jobs-watch-guard")
         self._spawn(self._timer.run(), "timer")
         self._spawn(self._owned_loop(), "owned-count")
@@ -317,6 +317,21 @@ class Scheduler:
             self._spawn(self._hear_marks(self._marks), "marks-follow")
             self._spawn(self._announce_marks(self._marks), "marks-announce")
         membership.refresh()
+
+    async def _wait_loaded(self) -> None:
+        """Until the job list is read, as long as it keeps arriving: a million jobs on two
+        cores take longer than a silent store should be waited for."""
+        table = self._table
+        seen = -1
+        while seen != table.applied:
+            seen = table.applied
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(table.loaded.wait(), LOAD_SILENCE_S)
+                return
+        raise StoreUnavailable(
+            f"timed out loading the job list: nothing arrived for {LOAD_SILENCE_S:g} s "
+            f"({table.applied} changes read)"
+        )
 
     async def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, let in-flight publishes finish, then leave the membership; all of
@@ -491,6 +506,11 @@ async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
     if pending:
         names = ", ".join(sorted(task.get_name() for task in pending))
         log.warning("%d tasks did not stop in time: %s", len(pending), names)
+
+
+# How long the job list may deliver nothing before start-up gives up on it: a large one keeps
+# delivering for longer than this, and is waited for as long as it does.
+LOAD_SILENCE_S = 60.0
 
 
 async def _wait_event(event: asyncio.Event, timeout: float, what: str) -> None:

@@ -154,6 +154,20 @@ def nothing_to_read(info: ConsumerInfo) -> bool:
     return (info.num_pending or 0) == 0 and not delivered
 
 
+def _entry(bucket: str, prefix: str, msg: Msg) -> KeyValue.Entry:
+    """A KV message as an entry; a delete, a purge or a server's TTL marker as KV_DEL."""
+    meta = msg.metadata
+    return KeyValue.Entry(
+        bucket=bucket,
+        key=msg.subject[len(prefix) :],
+        value=msg.data,
+        revision=int(meta.sequence.stream),
+        delta=meta.num_pending,
+        created=meta.timestamp,  # type: ignore[arg-type]
+        operation=KV_DEL if no_value(msg.headers) else None,
+    )
+
+
 async def snapshot(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
     """The newest entry of every live key, read through one ordered consumer. Not nats-py's
     watch: it announces the end of the initial values when the server had nothing pending as
@@ -174,17 +188,7 @@ async def snapshot(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
             msg = await subscription.next_msg(timeout=5)
             meta = msg.metadata
             if not no_value(msg.headers):
-                entries.append(
-                    KeyValue.Entry(
-                        bucket=bucket,
-                        key=msg.subject[len(prefix) :],
-                        value=msg.data,
-                        revision=int(meta.sequence.stream),
-                        delta=meta.num_pending,
-                        created=meta.timestamp,  # type: ignore[arg-type]
-                        operation=(msg.headers or {}).get(KV_OP),
-                    )
-                )
+                entries.append(_entry(bucket, prefix, msg))
             if meta.num_pending == 0:
                 return entries
     finally:
@@ -299,15 +303,7 @@ async def watch_subjects(
                 meta = msg.metadata
                 delivered[index] = (meta.consumer or "", int(meta.sequence.consumer))
                 cover[index] = max(cover[index], int(meta.sequence.stream))
-                yield KeyValue.Entry(
-                    bucket=bucket,
-                    key=msg.subject[len(prefix) :],
-                    value=msg.data,
-                    revision=int(meta.sequence.stream),
-                    delta=meta.num_pending,
-                    created=meta.timestamp,  # type: ignore[arg-type]
-                    operation=KV_DEL if no_value(msg.headers) else None,
-                )
+                yield _entry(bucket, prefix, msg)
                 if index not in caught_up and meta.num_pending == 0:
                     caught_up.add(index)
                     if len(caught_up) == len(chunks):
