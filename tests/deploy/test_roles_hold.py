@@ -22,6 +22,7 @@ from nats.js.api import RePublish, StreamConfig
 from nats.js.errors import NotFoundError
 
 from harness import wait_for_async
+from hrwcron.core import partitions
 from hrwcron.core.config import parse_config
 from hrwcron.core.model import Heartbeat
 from hrwcron.core.ticks import TickId
@@ -93,7 +94,7 @@ def _targets(replica: Replica) -> list[str]:
     claims = [f"$KV.hrwcron_claims.{TickId(VICTIM, due + i * 1000).claim_key}" for i in range(2, 5)]
     return [
         f"$KV.hrwcron_members.{NODE}",
-        f"$KV.hrwcron_jobs.{VICTIM}",
+        f"$KV.hrwcron_jobs.{partitions.job_key(VICTIM, [])}",
         *claims,
         f"{VICTIM_SUBJECT}.forged",
     ]
@@ -244,3 +245,45 @@ async def test_only_replicas_may_say_how_far_an_owner_has_got(
             await sessions[role].denied(subject)
     finally:
         await subscription.unsubscribe()
+
+
+async def test_replicas_holding_shares_answer_for_every_job_under_the_shipped_accounts(
+    shipped_cluster: ShippedCluster, passwords: dict[str, str], sessions: dict[str, Session]
+) -> None:
+    """Two replicas with one holder per lane each hold half the jobs: what an operator asks
+    about the other half goes from replica to replica, which the scheduler role must allow."""
+    started: list[Replica] = []
+    try:
+        for node in ("shares-a", "shares-b"):
+            text = config_text(shipped_cluster.urls, passwords["scheduler"])
+            text = text.replace(f'node_id = "{NODE}"', f'node_id = "{node}"\nholders = 1')
+            config = parse_config(text, "test", {})
+            started.append(await asyncio.wait_for(start_replica(config, {}), 120))
+        admin = sessions["admin"].client
+        names = [f"shares.j{i}" for i in range(8)]
+        for name in names:
+            spec = {"name": name, "schedule": "@hourly"}
+            put = await admin.request(
+                "hrwcron.admin.jobs.put", msgspec.json.encode({"spec": spec}), timeout=10
+            )
+            assert b'"revision"' in put.data, put.data
+
+        def split() -> bool:
+            held = [set(r.scheduler.jobs) & set(names) for r in started]
+            return all(held) and not held[0] & held[1] and held[0] | held[1] == set(names)
+
+        await wait_for_async(split, timeout=30, message="each replica holds its half")
+        for name in names:
+            got = await admin.request(
+                "hrwcron.admin.jobs.get", msgspec.json.encode({"name": name}), timeout=10
+            )
+            assert msgspec.json.decode(got.data)["name"] == name, got.data
+        listed = await admin.request(
+            "hrwcron.admin.jobs.list", msgspec.json.encode({"prefix": "shares."}), timeout=10
+        )
+        assert [j["name"] for j in msgspec.json.decode(listed.data)["jobs"]] == sorted(names)
+        assert sum(r.admin.sent_on for r in started if r.admin is not None) > 0
+        assert sessions["admin"].violations() == []
+    finally:
+        for running in started:
+            await asyncio.wait_for(running.stop(), 30)
