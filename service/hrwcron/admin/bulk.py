@@ -217,7 +217,7 @@ async def read_elsewhere(
     # A create (revision 0) needs nothing read: its create-only write fails if the job exists.
     wanted = {
         name
-        for name in [*(name_in(raw) for raw in raws if not _creates(raw)), *names]
+        for name in [*(_name_unless_created(raw) for raw in raws), *names]
         if name
         and name not in scheduler.jobs
         and partitions.lane_of(name, ()) not in held
@@ -233,23 +233,30 @@ async def read_elsewhere(
     return {name: event for name, event in found if event is not None}
 
 
-def _creates(raw: msgspec.Raw) -> bool:
+def _decoded(raw: msgspec.Raw) -> dict[str, Any] | None:
     try:
-        item = msgspec.json.decode(raw, type=dict[str, Any])
+        return msgspec.json.decode(raw, type=dict[str, Any])
     except (msgspec.MsgspecError, RecursionError):
-        return False
-    return item.get("revision") == 0
+        return None
 
 
-def name_in(raw: msgspec.Raw) -> str:
-    """The job name an undecodable item gives, for its answer (empty when it gives none)."""
-    try:
-        item = msgspec.json.decode(raw, type=dict[str, Any])
-    except (msgspec.MsgspecError, RecursionError):
+def _name_of(item: dict[str, Any] | None) -> str:
+    if item is None:
         return ""
     spec = item.get("spec")
     name = spec.get("name") if isinstance(spec, dict) else item.get("name")
     return name[:600] if isinstance(name, str) else ""
+
+
+def _name_unless_created(raw: msgspec.Raw) -> str:
+    """The job an item names, empty for a create (revision 0), decoded once."""
+    item = _decoded(raw)
+    return "" if item is not None and item.get("revision") == 0 else _name_of(item)
+
+
+def name_in(raw: msgspec.Raw) -> str:
+    """The job name an undecodable item gives, for its answer (empty when it gives none)."""
+    return _name_of(_decoded(raw))
 
 
 def fit_bulk(result: BulkResult, limit: int) -> BulkResult:

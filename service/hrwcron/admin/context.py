@@ -9,12 +9,13 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.micro.service import Service
 
 from hrwcron.admin.api import (
     ADMIN_PREFIX,
 )
-from hrwcron.admin.forward import FORWARD_TIMEOUT, node_subject, relayed_error
+from hrwcron.admin.forward import holder_for, relayed_error, send_to
 from hrwcron.admin.replies import CATCH_UP_S, REPLY_RESERVE, ApiError, Page
 from hrwcron.core.errors import Problem
 from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec
@@ -113,10 +114,9 @@ class ServiceContext:
             if node == scheduler.node:
                 answer: Any = await self._handler_of(verb)(request)
                 return cast(R, answer)
-            subject = node_subject(self.prefix, node, verb)
             try:
-                msg = await self._client.request(
-                    subject, msgspec.json.encode(request), timeout=FORWARD_TIMEOUT
+                msg = await send_to(
+                    self._client, self.prefix, node, verb, msgspec.json.encode(request)
                 )
             except Exception as exc:
                 raise ApiError(
@@ -130,6 +130,15 @@ class ServiceContext:
             return msgspec.json.decode(msg.data, type=reply_type)
 
         return list(await asyncio.gather(*(ask(node) for node in scheduler.live_nodes)))
+
+    async def _send_to_holder(self, verb: str, request: Any, data: bytes) -> Msg | None:
+        """The reply of a holder of the job ``request`` is about, when this replica holds a
+        share without it; None to serve the request here."""
+        holder = holder_for(self._scheduler, verb, request)
+        if holder is None:
+            return None
+        self.sent_on += 1
+        return await send_to(self._client, self.prefix, holder, verb, data)
 
     def _handler_of(self, verb: str) -> Callable[[Any], Awaitable[msgspec.Struct]]:
         raise NotImplementedError  # the service's table of handlers

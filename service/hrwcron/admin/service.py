@@ -33,7 +33,7 @@ from hrwcron.admin.api import (
     subject,
 )
 from hrwcron.admin.context import REPLY_PREFIXES
-from hrwcron.admin.forward import holder_for, node_subject, relayed_error, send_to
+from hrwcron.admin.forward import node_subject, relayed_error
 from hrwcron.admin.job_verbs import JobVerbs
 from hrwcron.admin.replies import (
     MAX_ERROR_REPLY,
@@ -132,10 +132,8 @@ class AdminService(JobVerbs, RunVerbs):
                 parsed = decode_request(data, REQUEST_TYPES[verb])
             except RequestProblem as exc:
                 raise bad(exc.field, exc.message) from None
-            holder = holder_for(self._scheduler, verb, parsed)
-            if holder is not None:
-                self.sent_on += 1
-                answer = await send_to(self._client, self.prefix, holder, verb, data)
+            answer = await self._send_to_holder(verb, parsed, data)
+            if answer is not None:
                 if relayed_error(answer) is not None:
                     error = msgspec.json.decode(answer.data, type=ErrorReply).error
                     raise ApiError(error.code, error.message, error.field)
@@ -163,10 +161,8 @@ class AdminService(JobVerbs, RunVerbs):
                     parsed = decode_request(request.data, request_type)
                 except RequestProblem as exc:
                     raise bad(exc.field, exc.message) from None
-                holder = holder_for(self._scheduler, verb, parsed) if send_on else None
-                if holder is not None:
-                    self.sent_on += 1
-                    answer = await send_to(self._client, self.prefix, holder, verb, request.data)
+                answer = await self._send_to_holder(verb, parsed, request.data) if send_on else None
+                if answer is not None:
                     relayed = relayed_error(answer)
                     if relayed is None:
                         await request.respond(answer.data)
