@@ -135,3 +135,47 @@ async def test_an_in_process_call_about_a_job_held_elsewhere_goes_to_a_holder(
     with pytest.raises(ApiError) as refused:
         await outsider.admin.call("jobs.pause", b'{"name": "%s", "revision": 1}' % name.encode())
     assert refused.value.code == "conflict"
+
+
+async def test_status_pages_through_every_job_and_adds_up_every_share(cluster: Cluster) -> None:
+    names = sorted(f"state.j{i:02d}" for i in range(30))
+    specs = [JobSpec(name=n, schedule="@hourly", paused=n.endswith("7")) for n in names]
+    await cluster.admin.write_jobs([(spec, None) for spec in specs])
+    await wait_for_async(
+        lambda: all(len(held_by(cluster, n)) == 2 for n in names),
+        timeout=DEADLINE,
+        message="each job held by its lane's two holders",
+    )
+    # No replica holds every job, yet whichever answers counts every one once.
+    assert all(len(r.scheduler.jobs) < len(names) for r in cluster.replicas.values())
+
+    async def counted() -> bool:
+        summary = (await cluster.admin.status(prefix="state.", limit=1)).summary
+        return sum(summary.owned.values()) == len(names)
+
+    await wait_for_async(counted, timeout=DEADLINE, message="every job's owner counted")
+    for _ in range(3):
+        reply = await cluster.admin.status(prefix="state.", limit=1)
+        assert reply.total_jobs == len(names)
+        assert reply.summary.jobs == len(names)
+        assert reply.summary.paused == sum(spec.paused for spec in specs)
+        assert set(reply.summary.owned) <= set(NODES)
+        assert reply.cursors == []
+    # Small pages, by count and by bytes, in name and in due order: each job once, in order.
+    for order, limit, max_bytes in (("name", 7, 0), ("due", 4, 0), ("due", 1000, 900)):
+        found: list[str] = []
+        fires: list[tuple[str, str]] = []
+        after = ""
+        while True:
+            page = await cluster.admin.status(
+                prefix="state.", limit=limit, after=after, max_bytes=max_bytes, order=order
+            )
+            found += [job.name for job in page.jobs]
+            fires += [(job.next_fire or "~", job.name) for job in page.jobs]
+            assert all(job.owner in held_by(cluster, job.name) for job in page.jobs)
+            if not page.next:
+                assert not page.truncated
+                break
+            after = page.next
+        assert sorted(found) == names and len(found) == len(names), order
+        assert found == names if order == "name" else fires == sorted(fires)

@@ -263,6 +263,9 @@ class StatusRequest(_Request):
     after: str = ""  # page cursor: the ``next`` of the previous page
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATUS)] = 1_000
     max_bytes: MaxBytes = 0
+    # Between replicas that hold shares: the summary and jobs of the lanes the answering
+    # replica lists, with each job's cursor, for the replica that merges the pages.
+    share: bool = False
 
 
 class MemberStatus(msgspec.Struct, kw_only=True):
@@ -330,6 +333,8 @@ class StatusReply(msgspec.Struct, kw_only=True):
     truncated: bool  # more pages follow
     next: str = ""  # pass as ``after`` for the next page; empty on the last page
     summary: StatusSummary = msgspec.field(default_factory=StatusSummary)
+    # Of a share's reply only (see StatusRequest.share): each job's cursor, in page order.
+    cursors: list[str] = msgspec.field(default_factory=list)
 
 
 class HistoryRequest(_Request):

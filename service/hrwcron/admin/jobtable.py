@@ -9,6 +9,7 @@ the replica's ticks do not wait for an operator's screen.
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 from collections.abc import Iterable
 
@@ -23,22 +24,47 @@ NO_DUE = 1 << 62
 DueKey = tuple[int, str]
 
 
-async def summary(scheduler: Scheduler) -> StatusSummary:
-    paused = failing = 0
+async def summary(scheduler: Scheduler, *, listed: bool = False) -> StatusSummary:
+    """``listed``: of the jobs this replica lists in a status merged from every member's
+    share (Scheduler.lists), so that the members' summaries add up to the whole."""
+    paused = failing = count = 0
     for index, job in enumerate(list(scheduler.jobs.values())):
-        paused += job.spec.paused
-        failing += bool(job.problem)
+        if not listed or scheduler.lists(job.spec.name):
+            count += 1
+            paused += job.spec.paused
+            failing += bool(job.problem)
         if index % SLICE == SLICE - 1:
             await asyncio.sleep(0)
-    owned = dict(sorted(scheduler.owned_counts.items()))
+    counts, counted = (
+        (scheduler.listed_owned_counts, scheduler.listed_jobs)
+        if listed
+        else (scheduler.owned_counts, scheduler.counted_jobs)
+    )
+    owned = dict(sorted(counts.items()))
+    skipped = [name for name in scheduler.skipped if not listed or scheduler.lists(name)]
     return StatusSummary(
-        jobs=len(scheduler.jobs),
+        jobs=count,
         paused=paused,
-        bad=len(scheduler.skipped) + failing,
+        bad=len(skipped) + failing,
         owned=owned,
-        no_owner=scheduler.counted_jobs - sum(owned.values()),
+        no_owner=counted - sum(owned.values()),
         missed_last_hour=scheduler.missed_recently.total(scheduler.clock.now_ms()),
     )
+
+
+def add_summaries(summaries: Iterable[StatusSummary]) -> StatusSummary:
+    """The whole from the members' summaries of the jobs each lists."""
+    total = StatusSummary()
+    owned: collections.Counter[str] = collections.Counter()
+    for part in summaries:
+        total.jobs += part.jobs
+        total.paused += part.paused
+        total.bad += part.bad
+        total.no_owner += part.no_owner
+        total.missed_last_hour += part.missed_last_hour
+        owned.update(part.owned)
+    total.owned = dict(sorted(owned.items()))
+    return total
 
 
 def fire_of(due: int | None, jitter_ms: int, paused: bool) -> int:

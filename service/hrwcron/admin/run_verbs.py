@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -25,7 +28,13 @@ from hrwcron.admin.api import (
     manual_id_problem,
 )
 from hrwcron.admin.context import ServiceContext
-from hrwcron.admin.jobtable import by_due, format_due_cursor, parse_due_cursor, summary
+from hrwcron.admin.jobtable import (
+    add_summaries,
+    by_due,
+    format_due_cursor,
+    parse_due_cursor,
+    summary,
+)
 from hrwcron.admin.replies import (
     ApiError,
     bad,
@@ -206,30 +215,17 @@ class RunVerbs(ServiceContext):
             after_due = parse_due_cursor(request.after) if request.order == "due" else None
         except ValueError as exc:
             raise bad("after", str(exc)) from None
-        ttl = scheduler.settings.member_ttl
-        members = [
-            MemberStatus(
-                node=node,
-                age_s=round(age, 3),
-                live=age < ttl and heartbeat.ready,
-                ready=heartbeat.ready,
-                reason=heartbeat.reason,
-                weight=heartbeat.weight,
-                tags=list(heartbeat.tags),
-                digest=heartbeat.digest,
-                digest_matches=heartbeat.digest == scheduler.digest,
-                version=heartbeat.version,
-                jobs=heartbeat.jobs,
-                started=format_ms(heartbeat.started_ms),
-            )
-            for node, (heartbeat, age) in sorted(scheduler.view.heartbeats().items())
-        ]
+        if scheduler.settings.holders > 0 and not request.name and not request.share:
+            return await self._status_everywhere(request)
+        members = self._member_statuses()
         if request.name:
             names = [request.name]
-        elif request.prefix:
-            names = [n for n in scheduler.jobs if n.startswith(request.prefix)]
         else:
-            names = list(scheduler.jobs)
+            names = [
+                n
+                for n in scheduler.jobs
+                if n.startswith(request.prefix) and (not request.share or scheduler.lists(n))
+            ]
         total = len(names)
         cursors: list[str]
         if request.order == "due":
@@ -249,7 +245,7 @@ class RunVerbs(ServiceContext):
             jobs=[],
             total_jobs=total,
             truncated=False,
-            summary=await summary(scheduler),
+            summary=await summary(scheduler, listed=request.share),
         )
         page = self._page(request.max_bytes, reply)
         jobs: list[JobStatus] = reply.jobs
@@ -291,10 +287,80 @@ class RunVerbs(ServiceContext):
             if not page.fits(status, first=not jobs):
                 break
             jobs.append(status)
+            if request.share:
+                reply.cursors.append(cursors[shown])
+                page.used += len(cursors[shown]) + 3
             shown += 1
         reply.truncated = len(names) > shown
         reply.next = cursors[shown - 1] if reply.truncated and shown else ""
         return reply
+
+    async def _status_everywhere(self, request: StatusRequest) -> StatusReply:
+        """Holding shares: the same page asked of every live member for the jobs it lists,
+        merged in the page's order, with the members' summaries added up. As for a merged
+        listing, the page stops at the last job of a member whose own page stopped short."""
+        asked = msgspec.structs.replace(request, share=True)
+        replies = await self._ask_every_member("status", asked, StatusReply)
+        key: Callable[[str], Any] = parse_due_cursor if request.order == "due" else str
+        short = [key(r.cursors[-1]) for r in replies if r.truncated and r.cursors]
+        upto = min(short) if short else None
+        scheduler = self._scheduler
+        reply = StatusReply(
+            node=scheduler.node,
+            ready=scheduler.ready,
+            reason=scheduler.not_ready_reason,
+            digest=scheduler.digest,
+            members=self._member_statuses(),
+            jobs=[],
+            total_jobs=sum(r.total_jobs for r in replies),
+            truncated=False,
+            summary=add_summaries(r.summary for r in replies),
+        )
+        page = self._page(request.max_bytes, reply)
+        merged = heapq.merge(
+            *(
+                [(key(cursor), cursor, job) for cursor, job in zip(r.cursors, r.jobs, strict=True)]
+                for r in replies
+            ),
+            key=lambda item: item[0],
+        )
+        more = upto is not None
+        last = ""
+        for position, cursor, job in merged:
+            if cursor == last:
+                continue  # listed by two members while the members changed
+            if (upto is not None and position > upto) or len(reply.jobs) == request.limit:
+                more = True
+                break
+            if not page.fits(job, first=not reply.jobs):
+                more = True
+                break
+            reply.jobs.append(job)
+            last = cursor
+        reply.truncated = more
+        reply.next = last if more else ""
+        return reply
+
+    def _member_statuses(self) -> list[MemberStatus]:
+        scheduler = self._scheduler
+        ttl = scheduler.settings.member_ttl
+        return [
+            MemberStatus(
+                node=node,
+                age_s=round(age, 3),
+                live=age < ttl and heartbeat.ready,
+                ready=heartbeat.ready,
+                reason=heartbeat.reason,
+                weight=heartbeat.weight,
+                tags=list(heartbeat.tags),
+                digest=heartbeat.digest,
+                digest_matches=heartbeat.digest == scheduler.digest,
+                version=heartbeat.version,
+                jobs=heartbeat.jobs,
+                started=format_ms(heartbeat.started_ms),
+            )
+            for node, (heartbeat, age) in sorted(scheduler.view.heartbeats().items())
+        ]
 
     async def history(self, request: HistoryRequest) -> HistoryReply:
         check_name(request.name)

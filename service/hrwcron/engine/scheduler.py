@@ -97,6 +97,9 @@ class Scheduler:
         # operators see besides the running jobs (the rest of those had no owner).
         self.owned_counts: dict[str, int] = {}
         self.counted_jobs = 0
+        # Of the jobs this replica lists in a status merged from every member's share.
+        self.listed_owned_counts: dict[str, int] = {}
+        self.listed_jobs = 0
         self._ticks = ticks = TickDecisions(
             settings,
             clock=self.clock,
@@ -395,6 +398,10 @@ class Scheduler:
         while True:
             await self._ticks.owned_dirty.wait()
             self._ticks.owned_dirty.clear()
+            if self.settings.holders > 0:
+                await self._count_owned_in_lanes()
+                await asyncio.sleep(1.0)
+                continue
             candidates = self._membership.candidates
             plain = [c.node for c in candidates] if all(c.weight == 1.0 for c in candidates) else []
             owners: collections.Counter[str] = collections.Counter()
@@ -413,8 +420,33 @@ class Scheduler:
                 await asyncio.sleep(0)
             self.owned_counts = dict(owners)
             self.counted_jobs = len(jobs)
+            self.listed_owned_counts, self.listed_jobs = self.owned_counts, self.counted_jobs
             self._observer.owned(owners[self.node])
             await asyncio.sleep(1.0)  # coalesce bursts of changes into one recount
+
+    async def _count_owned_in_lanes(self) -> None:
+        """Holding a share: the owner of each held job is the first ready holder of its lane,
+        as the engine places it. Besides, the owners of the jobs this replica lists (of the
+        lanes it is the first live holder of), which summed over the members count each job
+        once."""
+        owners: collections.Counter[str] = collections.Counter()
+        listed: collections.Counter[str] = collections.Counter()
+        listed_jobs = 0
+        jobs = list(self.jobs.values())
+        membership = self._membership
+        for index, job in enumerate(jobs):
+            membership.place(job)
+            lists = membership.first_holder(job.lane) == self.node
+            listed_jobs += lists
+            if job.first is not None:
+                owners[job.first] += 1
+                if lists:
+                    listed[job.first] += 1
+            if index % 500 == 499:
+                await asyncio.sleep(0)
+        self.owned_counts, self.counted_jobs = dict(owners), len(jobs)
+        self.listed_owned_counts, self.listed_jobs = dict(listed), listed_jobs
+        self._observer.owned(owners[self.node])
 
     # --------------------------------------------------------------------------- status
 
