@@ -7,7 +7,7 @@ Two halves, usable separately:
   (SIGSTOP/SIGCONT), ``restart``, and failpoints armed through the environment.
 * :class:`TriggerLog` reads the whole trigger stream, headers and server timestamps included, and
   :meth:`TriggerLog.check_exactly_once` (or the pure :func:`find_violations`, in ``audit.py``)
-  lists every way it breaks DESIGN.md's invariants for a set of jobs: a tick missing,
+  lists every way it breaks the invariants (ARCHITECTURE.md) for a set of jobs: a tick missing,
   duplicated, published before its fire instant or after its lateness deadline (both by the
   server's clock), a stray Msg-Id, a job's ticks out of due order, or a tick its window,
   exclusions or ``max_runs`` rule out.

@@ -39,7 +39,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-# DESIGN.md's DST examples, plus the 30-minute (Lord Howe) and 45-minute (Chatham) zones.
+# The DST policy's examples (docs/schedules.md), plus the 30-minute (Lord Howe) and
+# 45-minute (Chatham) zones.
 DST_CASES = [
     # fixed-time in the spring-forward gap: once, as the gap ends (03:00 EDT)
     (

@@ -40,7 +40,7 @@ def iso(*texts: str) -> list[str]:
 # and 09-06 04:00Z (00:00 -04 -> 01:00 -03). Kolkata has no DST.
 
 DST_ROWS = [
-    # DESIGN.md's own examples, America/New_York.
+    # The DST policy's own examples (docs/schedules.md), America/New_York.
     pytest.param(
         "30 2 * * *",
         "America/New_York",
