@@ -39,13 +39,6 @@ class InvalidInput(HrwcronError):
     def field(self) -> str:
         return self.problems[0].where if self.problems else ""
 
-    def prefixed(self, prefix: str) -> InvalidInput:
-        """The same problems, each located under ``prefix`` (for nested inputs)."""
-        moved = [
-            Problem(f"{prefix}.{p.where}" if p.where else prefix, p.message) for p in self.problems
-        ]
-        return type(self)(moved)
-
     @classmethod
     def collect(cls, errors: Iterable[InvalidInput]) -> InvalidInput | None:
         problems = [p for e in errors for p in e.problems]
@@ -69,19 +62,6 @@ class ImportSourceError(InvalidInput):
     names its file and line, and all of them are reported at once."""
 
 
-class RequestError(InvalidInput):
-    """A malformed or refused admin API request."""
-
-    def __init__(
-        self,
-        problems: Sequence[Problem] | Problem | str,
-        where: str = "",
-        code: str = "bad_request",
-    ) -> None:
-        super().__init__(problems, where)
-        self.code = code
-
-
 class NatsSetupError(HrwcronError):
     """The NATS server or its streams cannot serve hrwcron as configured."""
 
@@ -98,8 +78,9 @@ class DuplicateNodeError(HrwcronError):
     """Another live replica already uses this node id."""
 
 
-class NotReadyError(HrwcronError):
-    """This replica cannot make decisions safely right now (fail closed)."""
+class StoreError(HrwcronError):
+    """A store behind one of the engine's ports failed a request (engine/ports.py): the
+    server refused or did not answer, whatever the input."""
 
 
 class ConflictError(HrwcronError):

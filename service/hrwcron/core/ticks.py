@@ -31,10 +31,6 @@ class TickId:
     def due(self) -> datetime:
         return datetime.fromtimestamp(self.due_ms / 1000, tz=UTC)
 
-    @property
-    def due_iso(self) -> str:
-        return format_ms(self.due_ms)
-
     @classmethod
     def parse(cls, key: str) -> TickId:
         """Inverse of :attr:`key` for scheduled ticks; raises ValueError on anything else."""

@@ -350,9 +350,6 @@ async def serve(config: Config, env: Mapping[str, str]) -> int:
     signalled.cancel()
     try:
         replica = starting.result()
-    except HrwcronError as exc:
-        log.error("could not start: %s", exc)
-        return 1
     except (NatsError, StoreUnavailable, TimeoutError) as exc:
         # What start-up does not retry because it describes the account or the cluster
         # (JetStream not enabled for the account, say).
@@ -362,6 +359,9 @@ async def serve(config: Config, env: Mapping[str, str]) -> int:
             type(exc).__name__,
             exc,
         )
+        return 1
+    except HrwcronError as exc:
+        log.error("could not start: %s", exc)
         return 1
     code = await _run_until_stopped(replica, stop)
     exit_deadline(grace + 1.0, code or 1)  # a stop cut short is not a clean exit

@@ -48,12 +48,14 @@ PERMANENT_ANSWERS = (
 
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` at start-up may go away by itself (an election, a booting cluster)."""
+    if isinstance(exc, StoreUnavailable):
+        return True
     if isinstance(exc, HrwcronError):
         return False
     if isinstance(exc, APIError):
         answer = (exc.description or "").lower()
         return not any(text in answer for text in PERMANENT_ANSWERS)
-    return isinstance(exc, NatsError | StoreUnavailable | TimeoutError | OSError)
+    return isinstance(exc, NatsError | TimeoutError | OSError)
 
 
 def refused(exc: BaseException, refusals: Sequence[str]) -> NatsSetupError | None:

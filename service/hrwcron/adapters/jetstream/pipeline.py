@@ -39,7 +39,7 @@ NO_RESPONDERS = "503"
 _STATUS = "Status"
 
 
-class ApiError(msgspec.Struct):
+class ServerApiError(msgspec.Struct):
     code: int = 0
     err_code: int = 0
     description: str = ""
@@ -51,7 +51,7 @@ class PubAck(msgspec.Struct):
     stream: str = ""
     seq: int = 0
     duplicate: bool = False
-    error: ApiError | None = None
+    error: ServerApiError | None = None
 
 
 _decode_ack = msgspec.json.Decoder(PubAck).decode
@@ -67,7 +67,7 @@ Resolver = Callable[[PubAck], Any]
 REFUSAL_CODES = (400, 413)
 
 
-def api_error(error: ApiError) -> StoreRefused | StoreUnavailable:
+def api_error(error: ServerApiError) -> StoreRefused | StoreUnavailable:
     """What an API error answer means for the write: refused for good, or worth a retry."""
     text = (
         f"JetStream refused the write: {error.description or 'no description'} "

@@ -36,7 +36,7 @@ from hrwcron.core.config.settings import (
     SchedulerConfig,
     TelemetryConfig,
 )
-from hrwcron.core.config.values import Bad, Collector, bad, coerce, kind, unknown
+from hrwcron.core.config.values import Bad, Collector, coerce, kind, unknown, unusable
 from hrwcron.core.errors import Problem
 from hrwcron.core.model import JobSpec
 
@@ -83,7 +83,7 @@ def _read_table(
     struct: type[msgspec.Struct], raw: object, where: str, durations: tuple[str, ...], c: Collector
 ) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        c.fail(where, bad(f"must be a table, got {kind(raw)}"))
+        c.fail(where, unusable(f"must be a table, got {kind(raw)}"))
         return {}
     fields = {f.name: f for f in msgspec.structs.fields(struct)}
     values: dict[str, Any] = {}
@@ -113,7 +113,7 @@ def _read_nats(raw: object, c: Collector) -> dict[str, Any]:
             raw["servers"] = [part.strip() for part in url.split(",") if part.strip()]
             c.origin["nats.servers"] = "nats.url"
         else:
-            c.fail("nats.url", bad(f"expected a comma-separated string, got {kind(url)}"))
+            c.fail("nats.url", unusable(f"expected a comma-separated string, got {kind(url)}"))
     return _read_table(NatsConfig, raw, "nats", DURATIONS["nats"], c)
 
 
@@ -129,7 +129,7 @@ def _resolve_files(values: dict[str, Any], base_dir: str | None) -> None:
 
 def _read_jobs(raw: object, c: Collector) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
-        c.fail("jobs", bad(f"must be an array of tables ([[jobs]]), got {kind(raw)}"))
+        c.fail("jobs", unusable(f"must be an array of tables ([[jobs]]), got {kind(raw)}"))
         return []
     required = [
         f.name
@@ -143,7 +143,7 @@ def _read_jobs(raw: object, c: Collector) -> list[dict[str, Any]]:
         if isinstance(table, dict):
             for name in required:
                 if name not in table:
-                    c.fail(f"{where}.{name}", bad("is required"))
+                    c.fail(f"{where}.{name}", unusable("is required"))
         jobs.append(values)
     return jobs
 

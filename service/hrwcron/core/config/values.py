@@ -26,7 +26,8 @@ class Bad(Exception):
         self.items = items
 
 
-def bad(message: str, suffix: str = "") -> Bad:
+def unusable(message: str, suffix: str = "") -> Bad:
+    """One failure, located at the value's path plus ``suffix``."""
     return Bad((suffix, message))
 
 
@@ -63,7 +64,7 @@ def _duration(value: str) -> float:
     try:
         return float(parse_duration(value))
     except ScheduleError as exc:
-        raise bad("; ".join(p.message for p in exc.problems)) from None
+        raise unusable("; ".join(p.message for p in exc.problems)) from None
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -81,7 +82,7 @@ def coerce(value: Any, typ: Any, *, duration: bool, from_env: bool, secret: bool
         if value in args and isinstance(value, str):
             return value
         choices = ", ".join(repr(a) for a in args)
-        raise bad(f"must be one of {choices}, got {_shown(value, secret)}")
+        raise unusable(f"must be one of {choices}, got {_shown(value, secret)}")
     if origin in (types.UnionType, typing.Union) and type(None) in args:
         if from_env and value == "":
             return None
@@ -94,7 +95,7 @@ def coerce(value: Any, typ: Any, *, duration: bool, from_env: bool, secret: bool
             return value
         if from_env and value.strip().lower() in _TRUE | _FALSE:
             return value.strip().lower() in _TRUE
-        raise bad(f"expected true or false, got {_shown(value, secret)}")
+        raise unusable(f"expected true or false, got {_shown(value, secret)}")
     if typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -103,7 +104,7 @@ def coerce(value: Any, typ: Any, *, duration: bool, from_env: bool, secret: bool
                 return int(value.strip())
             except ValueError:
                 pass
-        raise bad(f"expected an integer, got {_shown(value, secret)}")
+        raise unusable(f"expected an integer, got {_shown(value, secret)}")
     if typ is float:
         return _coerce_float(value, duration=duration, from_env=from_env, secret=secret)
     if typ is str:
@@ -113,7 +114,7 @@ def coerce(value: Any, typ: Any, *, duration: bool, from_env: bool, secret: bool
             # A TOML date or date-time written without quotes (start, end, exclude): the same
             # text in ISO form, so it is validated like a quoted one.
             return value.isoformat()
-        raise bad(f"expected a string, got {_shown(value, secret)}")
+        raise unusable(f"expected a string, got {_shown(value, secret)}")
     raise TypeError(f"no conversion to {typ!r}")  # a new field type needs a branch above
 
 
@@ -121,7 +122,7 @@ def _coerce_list(value: Any, item: Any, *, from_env: bool, secret: bool) -> list
     if from_env:
         value = [part.strip() for part in value.split(",") if part.strip()]
     if not isinstance(value, list):
-        raise bad(f"expected an array, got {_shown(value, secret)}")
+        raise unusable(f"expected an array, got {_shown(value, secret)}")
     out: list[Any] = []
     failed: list[tuple[str, str]] = []
     for i, element in enumerate(value):
@@ -146,9 +147,9 @@ def _coerce_float(value: Any, *, duration: bool, from_env: bool, secret: bool) -
         if number is None and duration:
             number = _duration(value)
     if number is None:
-        raise bad(f"expected {expected}, got {_shown(value, secret)}")
+        raise unusable(f"expected {expected}, got {_shown(value, secret)}")
     if not math.isfinite(number):
-        raise bad("must be a finite number")
+        raise unusable("must be a finite number")
     return number
 
 

@@ -70,11 +70,6 @@ class Schedule:
         """The instant of a one-time (``@at``) schedule; None for a recurring one."""
         return self._at_ms
 
-    @property
-    def is_cron(self) -> bool:
-        """Whether this is a cron expression or macro (not ``@every`` or ``@at``)."""
-        return self._cron is not None
-
     def covers(self, instant: int) -> bool:
         """Whether the local wall time of ``instant`` falls on a time this cron expression
         matches, at its resolution: the whole minute for 5 fields, the second for 6. (Both
