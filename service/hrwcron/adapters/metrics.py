@@ -9,21 +9,10 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-OUTCOMES = (
-    "started",
-    "already_claimed",
-    "not_owner",
-    "lock_busy",
-    "duplicate",
-    "missed",
-    "fenced",
-    "skipped",
-    "excluded",
-    "max_runs",
-    "rejected",
-    "error",
-)
-CONTENTION = frozenset({"lock_busy", "already_claimed"})
+from hrwcron.core.outcomes import Outcome
+
+# Every outcome is counted from the start (a 0, not a missing series).
+OUTCOMES = tuple(Outcome)
 # 1 ms .. 60 s: a healthy tick lands in the low milliseconds, a failover one step (1 s) later,
 # and anything past a minute is at the default max_lateness anyway.
 LATENESS_BUCKETS = (
@@ -90,13 +79,11 @@ class TickCounts(Collector):
         self._by_outcome: dict[str, dict[str, int]] = {o: {} for o in OUTCOMES}
         self._total = dict.fromkeys(OUTCOMES, 0)
 
-    def count(self, job: str, outcome: str) -> None:
+    def count(self, job: str, outcome: Outcome) -> None:
         if not self.per_job:
-            self._total[outcome] = self._total.get(outcome, 0) + 1
+            self._total[outcome] += 1  # an outcome not in OUTCOMES is a KeyError, not a series
             return
-        counts = self._by_outcome.get(outcome)
-        if counts is None:
-            counts = self._by_outcome[outcome] = {}
+        counts = self._by_outcome[outcome]
         counts[job] = counts.get(job, 0) + 1
 
     def collect(self) -> Iterator[CounterMetricFamily]:

@@ -36,7 +36,6 @@ from prometheus_client import (
 from hrwcron import __version__
 from hrwcron.adapters.metrics import (
     ATTEMPT_BUCKETS,
-    CONTENTION,
     LATENESS_BUCKETS,
     OUTCOMES,
     NatsClientLike,
@@ -48,6 +47,7 @@ from hrwcron.adapters.tick_log import TickLog
 from hrwcron.adapters.tracing import OtelTickSpan, tracer_provider_from_env
 from hrwcron.core.config import Config
 from hrwcron.core.model import HRW_SCHEME
+from hrwcron.core.outcomes import CONTENTION, Outcome
 from hrwcron.core.ticks import TickId, format_ms
 from hrwcron.engine.ports import LastTrigger, NullSpan, TickSpan
 
@@ -286,7 +286,7 @@ class Telemetry:
     def outcome(
         self,
         job: str,
-        outcome: str,
+        outcome: Outcome,
         *,
         due_ms: int,
         rank: int,
@@ -297,12 +297,12 @@ class Telemetry:
         self.tick_log.note(job, outcome, due_ms, lateness_ms, self.now_ms())
         if lateness_ms is not None:
             self.lateness.observe(max(0.0, lateness_ms) / 1000)
-        if outcome == "started":
+        if outcome == Outcome.STARTED:
             self.attempts.observe(max(1, attempt))
             self.fired[job] = Fired(due_ms, lateness_ms or 0.0, attempt, self.now_ms())
         elif outcome in CONTENTION:
             self.contention.labels(outcome).inc()
-        elif outcome == "error":
+        elif outcome == Outcome.ERROR:
             self.claim_failures.inc()
         if log.isEnabledFor(logging.DEBUG):
             tick = TickId(job, due_ms).key

@@ -12,7 +12,8 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-PROBLEMS = frozenset({"missed", "fenced", "rejected", "error"})
+from hrwcron.core.outcomes import PROBLEMS, Outcome
+
 PER_JOB = 20
 MAX_JOBS = 10_000
 MINUTE_MS = 60_000
@@ -23,7 +24,7 @@ LATE_MS = 1_000.0
 
 @dataclass(frozen=True, slots=True)
 class Trouble:
-    outcome: str
+    outcome: Outcome
     due_ms: int
     at_ms: float
 
@@ -45,9 +46,9 @@ class TickLog:
         self._minutes: collections.deque[Minute] = collections.deque()
 
     def note(
-        self, job: str, outcome: str, due_ms: int, lateness_ms: float | None, now: float
+        self, job: str, outcome: Outcome, due_ms: int, lateness_ms: float | None, now: float
     ) -> None:
-        if outcome == "started":
+        if outcome == Outcome.STARTED:
             minute = self._minute(now)
             minute.published += 1
             late = lateness_ms or 0.0
@@ -56,7 +57,7 @@ class TickLog:
             return
         if outcome not in PROBLEMS:
             return
-        if outcome == "missed":
+        if outcome == Outcome.MISSED:
             self._minute(now).missed += 1
         troubles = self._jobs.pop(job, None) or collections.deque(maxlen=PER_JOB)
         troubles.append(Trouble(outcome, due_ms, now))
@@ -80,7 +81,7 @@ class TickLog:
         return {
             job
             for job, troubles in self._jobs.items()
-            if any(t.outcome == "missed" and t.at_ms >= since_ms for t in troubles)
+            if any(t.outcome == Outcome.MISSED and t.at_ms >= since_ms for t in troubles)
         }
 
     def minutes(self, now: float) -> list[Minute]:

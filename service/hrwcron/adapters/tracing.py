@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from hrwcron.core.outcomes import Outcome
 from hrwcron.engine.ports import TickSpan
 
 log = logging.getLogger("hrwcron.telemetry")
@@ -44,7 +45,7 @@ class OtelTickSpan:
         self._span.set_attribute(name, value)
         if key == "error":
             self._span.set_status(Status(StatusCode.ERROR, str(value)))
-        elif key == "outcome" and value == "started":
+        elif key == "outcome" and value == Outcome.STARTED:
             # Set right after the PubAck: the same lateness the histogram records.
             self._span.set_attribute("hrwcron.lateness_ms", self._now_ms() - self._due_ms)
 

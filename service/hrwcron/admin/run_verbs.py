@@ -43,6 +43,7 @@ from hrwcron.admin.replies import (
 )
 from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.model import TriggerMessage
+from hrwcron.core.outcomes import PUBLISHED, Outcome
 from hrwcron.core.plan import SEARCH_BUDGET, Allowance
 from hrwcron.core.ticks import TickId, format_ms, manual_claim_key
 from hrwcron.engine.pacing import Slices
@@ -73,7 +74,7 @@ class RunVerbs(ServiceContext):
         job = await self._loaded(request.name)
         due = int(self._scheduler.clock.now_ms())
         tick = f"{request.name}:manual:{manual_id}"
-        outcome = "duplicate"
+        outcome = Outcome.DUPLICATE
         # A given id may have fired longer ago than its claim and the duplicate window last:
         # the stream itself says, for as long as it keeps the job's triggers. A generated id
         # is new by construction.
@@ -81,14 +82,14 @@ class RunVerbs(ServiceContext):
             outcome = await self._scheduler.publish_unscheduled(
                 request.name, tick, due, "manual", manual_claim_key(request.name, manual_id)
             )
-        if outcome == "rejected":
+        if outcome == Outcome.REJECTED:
             raise ApiError(
                 "conflict",
                 f"trigger {tick} was refused: {self._scheduler.problem_of(request.name)}; "
                 "fix the job's spec",
                 "name",
             )
-        if outcome not in ("started", "duplicate"):
+        if outcome not in PUBLISHED:
             raise ApiError("unavailable", f"trigger {tick} was not published ({outcome}); retry")
         log.info("manual trigger %s: %s", tick, outcome)
         return TriggerResult(
@@ -180,11 +181,11 @@ class RunVerbs(ServiceContext):
                 outcome = await self._scheduler.publish_unscheduled(
                     request.name, key, instant, "backfill", TickId(request.name, instant).claim_key
                 )
-                if outcome == "started":
+                if outcome == Outcome.STARTED:
                     result.published.append(key)
-                elif outcome == "duplicate":
+                elif outcome == Outcome.DUPLICATE:
                     result.present.append(key)
-                elif outcome == "rejected":
+                elif outcome == Outcome.REJECTED:
                     raise ApiError(
                         "conflict",
                         f"backfill stopped at {key}: "

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from hrwcron.core.errors import ConflictError, HrwcronError, NotFoundError
+from hrwcron.core.outcomes import RESOLVED, Outcome
 from hrwcron.core.planner import collapse_latest, next_wake
 from hrwcron.core.ticks import TickId
 from hrwcron.engine.clock import Clock
@@ -30,20 +31,8 @@ from hrwcron.engine.timer import Timer
 
 log = logging.getLogger("hrwcron.scheduler")
 
-RESOLVED = frozenset(
-    {
-        "started",
-        "duplicate",
-        "already_claimed",
-        "not_owner",
-        "missed",
-        "fenced",
-        "skipped",
-        "excluded",
-        "max_runs",
-        "rejected",
-    }
-)
+# The rank of a tick resolved without this replica acting on it.
+NOT_RANKED = -1
 
 
 # Parked jobs released at a time before the loop gets a turn (a membership change releases
@@ -167,7 +156,7 @@ class TickDecisions:
         if due is not None and seen.watermark >= due:
             # The tick it waits for is in the stream: resolved here and now, without a
             # trip through the timer (every replica sees every trigger go by).
-            self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
+            self._finish(job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due)
 
     # --------------------------------------------------------------------- a due tick
 
@@ -179,7 +168,7 @@ class TickDecisions:
             self._delete_when_due(job, now, ready)
             return
         if self._ledger_done(job.subject, due):
-            self._finish(job, "already_claimed" if job.acted else "not_owner", due, -1, 0)
+            self._finish(job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due)
             return
         if job.spec.max_runs is not None and self._out_of_runs(job, now):
             return
@@ -192,13 +181,13 @@ class TickDecisions:
         if job.plan.exclusions and job.plan.excluded(due):
             # Never fired, late or otherwise; counted once, by the owner, like a missed tick.
             counts = owner == self.node or (owner is None and ready)
-            self._finish(job, "excluded" if counts else "not_owner", due, -1, 0, count=counts)
+            self._finish(job, Outcome.EXCLUDED if counts else Outcome.NOT_OWNER, due, count=counts)
             return
         if now > due + job.spec.max_lateness_ms:
             counts = owner == self.node or (owner is None and ready)
             if not counts:
                 self.missed_recently.add(now)  # the owner's own count is taken in _finish
-            self._finish(job, "missed" if counts else "not_owner", due, -1, 0, count=counts)
+            self._finish(job, Outcome.MISSED if counts else Outcome.NOT_OWNER, due, count=counts)
             return
         rank = job.my_rank
         fire = due + job.jitter_ms
@@ -242,15 +231,16 @@ class TickDecisions:
         if job.entry != flight.entry or self.jobs.get(job.spec.name) is not job:
             return  # the job changed or was removed meanwhile
         outcome, due, rank, attempt = flight.outcome, flight.due, flight.rank, flight.attempt
+        assert outcome is not None  # acted is told of resolved flights only
         if outcome in RESOLVED:
-            self._finish(job, outcome, due, rank, attempt)
+            self._finish(job, outcome, due, rank=rank, attempt=attempt)
             return
         self._observer.outcome(
             job.spec.name, outcome, due_ms=due, rank=rank, attempt=attempt, lateness_ms=None
         )
         retry = self.clock.now_ms() + 250.0
         held = job.claim_seen
-        if outcome == "lock_busy" and held is not None:
+        if outcome == Outcome.LOCK_BUSY and held is not None:
             wait_until = self._holder_wait(held)
             # None: time to read the claim again, but not in a tight loop.
             retry = wait_until if wait_until is not None else self.clock.now_ms() + 10.0
@@ -261,12 +251,21 @@ class TickDecisions:
         self._push(job, retry)
 
     def _finish(
-        self, job: Job, outcome: str, due: int, rank: int, attempt: int, count: bool = True
+        self,
+        job: Job,
+        outcome: Outcome,
+        due: int,
+        *,
+        rank: int = NOT_RANKED,
+        attempt: int = 0,
+        count: bool = True,
     ) -> None:
+        """Resolve the tick at ``due`` and move the job on. ``rank`` and ``attempt`` are
+        those of this replica's act on it (NOT_RANKED and 0: resolved without one)."""
         lateness = None
-        if outcome == "started":
+        if outcome == Outcome.STARTED:
             lateness = self.clock.now_ms() - due
-        elif outcome == "missed":
+        elif outcome == Outcome.MISSED:
             self.missed_recently.add(self.clock.now_ms())
         if count:
             self._observer.outcome(
@@ -277,7 +276,7 @@ class TickDecisions:
                 attempt=attempt,
                 lateness_ms=lateness,
             )
-        if outcome in ("missed", "fenced"):
+        if outcome in (Outcome.MISSED, Outcome.FENCED):
             log.warning("tick %s: %s", TickId(job.spec.name, due).key, outcome)
         if self.owed and self.owed.pop(job.spec.name, None) is not None:
             self.resolved += 1
@@ -285,7 +284,7 @@ class TickDecisions:
         job.claim_seen = None
         self._awaiting_turn.discard(job.spec.name)
         self._awaiting_holder.discard(job.spec.name)
-        if outcome == "started" and job.spec.max_runs is not None:
+        if outcome == Outcome.STARTED and job.spec.max_runs is not None:
             self._mirror_count(job, published=True)
         try:
             job.due = job.plan.next_after(due)
@@ -306,7 +305,10 @@ class TickDecisions:
         job.due = collapsed.due
         self.missed_recently.add(self.clock.now_ms(), collapsed.missed)
         if job.owner == self.node:
-            for outcome, passed in (("missed", collapsed.missed), ("excluded", collapsed.excluded)):
+            for outcome, passed in (
+                (Outcome.MISSED, collapsed.missed),
+                (Outcome.EXCLUDED, collapsed.excluded),
+            ):
                 for _ in range(passed):
                     self._observer.outcome(
                         job.spec.name, outcome, due_ms=job.due, rank=0, attempt=0, lateness_ms=None

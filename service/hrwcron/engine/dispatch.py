@@ -22,22 +22,14 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, Protocol
 
 from hrwcron.core.model import ClaimRecord
+from hrwcron.core.outcomes import CLAIM_RESOLVED, Outcome
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import (
-    COUNT,
-    CREATE,
-    HELD,
-    LAST,
-    PUBLISH,
-    READ,
-    REJECT,
-    RUNS,
-    SKIP,
-    TAKEOVER,
     Batch,
     Flight,
+    Step,
     cloudevents_headers,
     trigger_writes,
 )
@@ -59,9 +51,6 @@ log = logging.getLogger("hrwcron.scheduler")
 
 # How often one tick may find its subject moved on and re-read it before giving up for now.
 MAX_FENCES = 5
-# Claim outcomes that resolve a tick without a trigger: the holder skipped it (overlap), or
-# the server refused its trigger (another replica's would be refused the same way).
-CLAIM_RESOLVED = frozenset({"skipped", "rejected"})
 
 
 class TickHost(Protocol):
@@ -221,13 +210,13 @@ class Dispatcher:
                 flight.span.set("hrwcron.kind", flight.kind)
         if flight.kind == "scheduled":
             if self._ledger.done(job.subject, flight.due):
-                self._resolve(flight, "already_claimed" if job.acted else "not_owner")
+                self._resolve(flight, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER)
                 return
             job.acted = True
             held = job.claim_seen
             if held is not None:
                 # Seen held by someone else before: what matters now is that claim's state.
-                self._spawn(batch, flight, READ, self.claims.get(flight.claim_key))
+                self._spawn(batch, flight, Step.READ, self.claims.get(flight.claim_key))
                 self.reads += 1
                 return
         flight.record = ClaimRecord(
@@ -248,12 +237,12 @@ class Dispatcher:
                     "hrwcron.claim", {"hrwcron.claim.key": flight.claim_key}
                 )
         self.creates += len(flights)
-        await self._send(flights, batch, CREATE, self.claims.create_many(writes))
+        await self._send(flights, batch, Step.CREATE, self.claims.create_many(writes))
 
     def _advance(
         self,
         flight: Flight,
-        step: int,
+        step: Step,
         future: asyncio.Future[Any],
         batch: Batch,
         publishes: list[Flight],
@@ -263,53 +252,51 @@ class Dispatcher:
             self._fail(flight, "cancelled")
             return
         error = future.exception()
-        if step == PUBLISH:
+        if step == Step.PUBLISH:
             self._published(flight, future, error, batch, publishes)
             return
-        if step == REJECT:
+        if step == Step.REJECT:
             # Recorded on the claim or not, the trigger cannot be published: a replica that
             # does not see the record tries once more and meets the same refusal.
-            self._resolve(flight, "rejected")
+            self._resolve(flight, Outcome.REJECTED)
             return
         step_span = flight.step_span
         if step_span is not None:
-            if step == CREATE:
+            if step == Step.CREATE:
                 step_span.set("hrwcron.claim.won", error is None and future.result() is not None)
             self._end_step(flight)
         if error is not None:
             self._fail(flight, f"{type(error).__name__}: {error}")
             return
         result = future.result()
-        if step == CREATE:
-            if result is not None:
+        match step:
+            case Step.CREATE if result is not None:
                 flight.revision = result
                 flight.attempt = 1
                 won.append(flight)
-            elif flight.kind != "scheduled":
-                self._resolve(flight, "duplicate")  # this Msg-Id was claimed before
-            else:
-                self._spawn(batch, flight, READ, self.claims.get(flight.claim_key))
+            case Step.CREATE if flight.kind != "scheduled":
+                self._resolve(flight, Outcome.DUPLICATE)  # this Msg-Id was claimed before
+            case Step.CREATE:
+                self._spawn(batch, flight, Step.READ, self.claims.get(flight.claim_key))
                 self.reads += 1
-        elif step == READ:
-            self._read(flight, result, batch, publishes)
-        elif step == TAKEOVER:
-            self._taken_over(flight, result, batch, publishes)
-        elif step == RUNS:
-            self._runs_checked(flight, bool(result), batch, publishes)
-        elif step == SKIP:
-            self._resolve(flight, "skipped")
-        elif step == LAST:
-            if result is not None:
-                self._ledger.remember(flight.job.subject, result)
-            self._prepare(flight, batch, publishes)
-        elif step == COUNT:
-            self._prepare(flight, batch, publishes)
-        elif step == HELD:
-            if result is not None:
-                self._ledger.remember(flight.job.subject, result)
-            # Published by the live holder: done. Not yet: wait for it, as before.
-            done = result is not None and result.watermark >= flight.due
-            self._resolve(flight, "already_claimed" if done else "lock_busy")
+            case Step.READ:
+                self._read(flight, result, batch, publishes)
+            case Step.TAKEOVER:
+                self._taken_over(flight, result, batch, publishes)
+            case Step.RUNS:
+                self._runs_checked(flight, bool(result), batch, publishes)
+            case Step.SKIP:
+                self._resolve(flight, Outcome.SKIPPED)
+            case Step.LAST | Step.COUNT:
+                if step == Step.LAST and result is not None:
+                    self._ledger.remember(flight.job.subject, result)
+                self._prepare(flight, batch, publishes)
+            case Step.HELD:
+                if result is not None:
+                    self._ledger.remember(flight.job.subject, result)
+                # Published by the live holder: done. Not yet: wait for it, as before.
+                done = result is not None and result.watermark >= flight.due
+                self._resolve(flight, Outcome.ALREADY_CLAIMED if done else Outcome.LOCK_BUSY)
 
     def _read(
         self,
@@ -326,12 +313,12 @@ class Dispatcher:
         job = flight.job
         if held is None:
             job.claim_seen = None
-            self._resolve(flight, "lock_busy")  # expired between our create and read
+            self._resolve(flight, Outcome.LOCK_BUSY)  # expired between our create and read
             return
         record, revision = held
         flight.attempt = record.attempt
         if record.outcome in CLAIM_RESOLVED:
-            self._resolve(flight, "already_claimed")
+            self._resolve(flight, Outcome.ALREADY_CLAIMED)
             return
         if record.instance == self.instance:
             flight.record, flight.revision = record, revision
@@ -350,9 +337,9 @@ class Dispatcher:
         if not reason:
             if self._s.quiet:
                 # Nothing follows the stream here: ask it whether the holder published.
-                self._spawn(batch, flight, HELD, self._triggers.last(job.subject))
+                self._spawn(batch, flight, Step.HELD, self._triggers.last(job.subject))
                 return
-            self._resolve(flight, "lock_busy")
+            self._resolve(flight, Outcome.LOCK_BUSY)
             return
         takeover = ClaimRecord(
             node=self.node,
@@ -366,7 +353,7 @@ class Dispatcher:
             flight.span.set("hrwcron.takeover", True)
         log.info("tick %s: took over the claim of %s (%s)", flight.msg_id, record.node, reason)
         write = self.claims.replace(flight.claim_key, takeover, revision, s.claim_ttl(job))
-        self._spawn(batch, flight, TAKEOVER, write)
+        self._spawn(batch, flight, Step.TAKEOVER, write)
         self.replaces += 1
 
     def _taken_over(
@@ -374,7 +361,7 @@ class Dispatcher:
     ) -> None:
         if revision is None:
             flight.job.claim_seen = None
-            self._resolve(flight, "lock_busy")  # another replica took it over first
+            self._resolve(flight, Outcome.LOCK_BUSY)  # another replica took it over first
             return
         flight.revision = revision
         self._prepare(flight, batch, publishes)  # a takeover never skips: the holder decided
@@ -388,7 +375,7 @@ class Dispatcher:
             and job.spec.overlap == "skip"
             and flight.attempt == 1
         ):
-            self._spawn(batch, flight, RUNS, runs.running(job.spec.name))
+            self._spawn(batch, flight, Step.RUNS, runs.running(job.spec.name))
             return
         self._prepare(flight, batch, publishes)
 
@@ -398,9 +385,9 @@ class Dispatcher:
         if not running:
             self._prepare(flight, batch, publishes)
             return
-        self._resolve_claim(flight, batch, SKIP, "skipped")
+        self._resolve_claim(flight, batch, Step.SKIP, Outcome.SKIPPED)
 
-    def _resolve_claim(self, flight: Flight, batch: Batch, step: int, outcome: str) -> None:
+    def _resolve_claim(self, flight: Flight, batch: Batch, step: Step, outcome: Outcome) -> None:
         """Record on the claim that the tick is resolved without a trigger, so the others
         take it as done instead of taking the claim over."""
         s = self._s
@@ -427,22 +414,24 @@ class Dispatcher:
         due = flight.due
         scheduled = flight.kind == "scheduled"
         if scheduled and self._clock.now_ms() > due + job.spec.max_lateness_ms:
-            self._resolve(flight, "missed")
+            self._resolve(flight, Outcome.MISSED)
             return
         last = self._last.get(job.subject)
         if scheduled and last is not None and last.watermark >= due:
-            self._resolve(flight, "duplicate" if last.msg_id == flight.msg_id else "fenced")
+            self._resolve(
+                flight, Outcome.DUPLICATE if last.msg_id == flight.msg_id else Outcome.FENCED
+            )
             return
         max_runs = job.spec.max_runs
         if max_runs is not None:
             counter = self._counter
             name = job.spec.name
             if not counter.known(name):
-                self._spawn(batch, flight, COUNT, counter.load(name))
+                self._spawn(batch, flight, Step.COUNT, counter.load(name))
                 return
             flight.run = counter.run_number(name, last.run if last else 0, max_runs, scheduled)
             if flight.run is None:
-                self._resolve(flight, "max_runs")  # the limit was reached before this tick
+                self._resolve(flight, Outcome.MAX_RUNS)  # the limit was reached before this tick
                 return
         flight.watermark = due if scheduled else (last.watermark if last else 0)
         flight.expected = last.seq if last else 0
@@ -452,13 +441,13 @@ class Dispatcher:
         if not flights:
             return
         writes = trigger_writes(flights, self.node, self._clock.now_ms(), self._cloudevents)
-        await self._send(flights, batch, PUBLISH, self._triggers.publish_many(writes))
+        await self._send(flights, batch, Step.PUBLISH, self._triggers.publish_many(writes))
 
     async def _send(
         self,
         flights: list[Flight],
         batch: Batch,
-        step: int,
+        step: Step,
         writes: Awaitable[Sequence[asyncio.Future[Any]]],
     ) -> None:
         """Send one round of writes; each flight then waits for its own answer."""
@@ -489,10 +478,10 @@ class Dispatcher:
             # The subject moved on: re-read its last message; if that is this tick, it is done.
             flight.fences += 1
             if flight.fences >= MAX_FENCES:
-                self._resolve(flight, "lock_busy")
+                self._resolve(flight, Outcome.LOCK_BUSY)
                 return
             self._ledger.forget(subject)
-            self._spawn(batch, flight, LAST, self._triggers.last(subject))
+            self._spawn(batch, flight, Step.LAST, self._triggers.last(subject))
             return
         if isinstance(error, StoreRefused):
             if flight.step_span is not None:
@@ -501,9 +490,9 @@ class Dispatcher:
             # Sending it again cannot succeed: this tick fails, not the replica.
             s.mark_bad(flight.job, f"the server refused its trigger: {error}")
             if flight.kind == "scheduled":
-                self._resolve_claim(flight, batch, REJECT, "rejected")
+                self._resolve_claim(flight, batch, Step.REJECT, Outcome.REJECTED)
             else:
-                self._resolve(flight, "rejected")  # its caller gives the claim back
+                self._resolve(flight, Outcome.REJECTED)  # its caller gives the claim back
             return
         self._end_step(flight)
         if error is not None:
@@ -513,11 +502,11 @@ class Dispatcher:
         job.problem = job.logged = ""
         ack = future.result()
         if ack.duplicate:
-            self._resolve(flight, "duplicate")
+            self._resolve(flight, Outcome.DUPLICATE)
             return
         seen = LastTrigger(ack.seq, flight.msg_id, flight.watermark, flight.run or 0)
         self._ledger.remember(subject, seen)
-        self._resolve(flight, "started")
+        self._resolve(flight, Outcome.STARTED)
 
     # ------------------------------------------------------------------------ outcomes
 
@@ -525,7 +514,7 @@ class Dispatcher:
         self,
         batch: Batch,
         flight: Flight,
-        step: int,
+        step: Step,
         work: Coroutine[Any, Any, Any] | Awaitable[Any],
     ) -> None:
         batch.sent()
@@ -543,9 +532,9 @@ class Dispatcher:
         self._s.log_error(flight.job, flight.msg_id, error)
         if flight.span is not None:
             flight.span.set("error", error)
-        self._resolve(flight, "error")
+        self._resolve(flight, Outcome.ERROR)
 
-    def _resolve(self, flight: Flight, outcome: str) -> None:
+    def _resolve(self, flight: Flight, outcome: Outcome) -> None:
         if flight.outcome:
             return
         flight.outcome = outcome

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from enum import IntEnum
 from typing import Any
 
 from hrwcron.core import events
 from hrwcron.core.model import ClaimRecord, TriggerMessage, encode
+from hrwcron.core.outcomes import Outcome
 from hrwcron.core.ticks import TickId, format_ms
 from hrwcron.engine.jobs import Job
 from hrwcron.engine.ports import (
@@ -84,12 +86,23 @@ class Flight:
         self.run: int | None = None  # the Hrwcron-Run header of a max_runs job's trigger
         self.span: TickSpan | None = None
         self.step_span: TickSpan | None = None
-        self.outcome = ""
+        self.outcome: Outcome | None = None
         self.error = ""
 
 
-# The step a pending answer belongs to.
-CREATE, READ, TAKEOVER, RUNS, SKIP, PUBLISH, LAST, COUNT, REJECT, HELD = range(10)
+class Step(IntEnum):
+    """The step of a tick's act a pending answer belongs to."""
+
+    CREATE = 0  # the create-only claim
+    READ = 1  # the claim another replica holds, read
+    TAKEOVER = 2  # a silent holder's claim, replaced
+    RUNS = 3  # whether the previous run still runs (overlap = "skip")
+    SKIP = 4  # the claim, marked skipped
+    PUBLISH = 5  # the fenced trigger publish
+    LAST = 6  # the subject's last trigger, read after a fence conflict
+    COUNT = 7  # a max_runs job's run count, loaded
+    REJECT = 8  # the claim, marked rejected
+    HELD = 9  # the subject's last trigger, read while a live holder has the claim
 
 
 class Batch:
@@ -98,13 +111,13 @@ class Batch:
     __slots__ = ("answered", "deadline", "event", "pending", "timeout")
 
     def __init__(self, timeout: float) -> None:
-        self.pending: dict[asyncio.Future[Any], tuple[Flight, int]] = {}
+        self.pending: dict[asyncio.Future[Any], tuple[Flight, Step]] = {}
         self.answered: list[asyncio.Future[Any]] = []
         self.event = asyncio.Event()
         self.timeout = timeout
         self.deadline = 0.0
 
-    def wait(self, flight: Flight, future: asyncio.Future[Any], step: int) -> None:
+    def wait(self, flight: Flight, future: asyncio.Future[Any], step: Step) -> None:
         self.pending[future] = (flight, step)
         future.add_done_callback(self._landed)
 

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from hrwcron.core.errors import StoreError
 from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
+from hrwcron.core.outcomes import Outcome
 from hrwcron.core.runcount import RunCount
 from hrwcron.engine.marks import Mark
 
@@ -35,15 +37,15 @@ HEADER_CE_DATACONTENTTYPE = "ce-datacontenttype"
 HEADER_CONTENT_TYPE = "content-type"
 
 
-class FenceConflict(Exception):
+class FenceConflict(StoreError):
     """The stream refused a publish because the subject's last sequence was not the expected one."""
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(StoreError):
     """The store did not answer in time; the write may or may not have been applied."""
 
 
-class StoreRefused(Exception):
+class StoreRefused(StoreError):
     """The store refused a write for what it is (too large, a limit, a subject or header it
     cannot take); not a fence conflict. Sending the same write again cannot succeed, so for a
     trigger the tick fails, not the replica. ``err_code`` is the server's code, if any."""
@@ -281,7 +283,7 @@ class Observer(Protocol):
     def outcome(
         self,
         job: str,
-        outcome: str,
+        outcome: Outcome,
         *,
         due_ms: int,
         rank: int,
@@ -331,7 +333,7 @@ class NullObserver:
     def outcome(
         self,
         job: str,
-        outcome: str,
+        outcome: Outcome,
         *,
         due_ms: int,
         rank: int,

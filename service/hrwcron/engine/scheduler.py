@@ -19,18 +19,18 @@ import contextlib
 import gc
 import logging
 import uuid
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from hrwcron.core import hrw
 from hrwcron.core.errors import HrwcronError, NotFoundError
-from hrwcron.core.model import JobSpec
+from hrwcron.core.outcomes import PUBLISHED, Outcome
 from hrwcron.core.plan import Allowance, lifecycle
 from hrwcron.core.planner import Candidate, ranking
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.counting import RunCounter
-from hrwcron.engine.decisions import RESOLVED, TickDecisions
+from hrwcron.engine.decisions import TickDecisions
 from hrwcron.engine.dispatch import Dispatcher
 from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import Flight
@@ -53,7 +53,7 @@ from hrwcron.engine.settings import Settings
 from hrwcron.engine.timer import Timer
 from hrwcron.engine.view import MembershipView
 
-__all__ = ["RESOLVED", "Progress", "Scheduler", "Settings"]
+__all__ = ["Progress", "Scheduler", "Settings"]
 
 log = logging.getLogger("hrwcron.scheduler")
 
@@ -222,7 +222,7 @@ class Scheduler:
 
     async def publish_unscheduled(
         self, name: str, msg_id: str, due_ms: int, kind: str, claim_key: str
-    ) -> str:
+    ) -> Outcome:
         """Fire ``name`` outside its schedule (``manual`` or ``backfill``) through the same
         claim and fenced publish as a tick. Returns ``started``, ``duplicate`` (this Msg-Id was
         claimed or published before), ``rejected`` (the server refused the trigger) or
@@ -235,13 +235,14 @@ class Scheduler:
         flight = Flight(job, job.entry, due_ms, 0, kind, msg_id, claim_key)
         await self._dispatcher.run([flight])
         outcome = flight.outcome
-        if flight.revision and outcome not in ("started", "duplicate"):
+        assert outcome is not None  # a run resolves every flight it was given
+        if flight.revision and outcome not in PUBLISHED:
             # Even after a timeout: if the trigger did land, its Msg-Id and the stream check
             # before a retry keep that retry from publishing it again.
             with contextlib.suppress(Exception):
                 await self._dispatcher.claims.release(claim_key, flight.revision)
         self._observer.outcome(name, outcome, due_ms=due_ms, rank=0, attempt=1, lateness_ms=None)
-        if outcome == "error":
+        if outcome == Outcome.ERROR:
             raise StoreUnavailable(f"trigger {msg_id}: {flight.error}")
         return outcome
 
@@ -518,11 +519,6 @@ class Scheduler:
         if mark is None or mark.jobs_revision < job.revision:
             return job.due
         return self._ticks.next_unresolved(job, mark)
-
-    def iter_jobs(self) -> Iterator[tuple[str, JobSpec, int | None, int]]:
-        """(name, spec, next due ms, jitter ms) for every known job."""
-        for name, job in self.jobs.items():
-            yield name, job.spec, self.due_of(job), job.jitter_ms
 
 
 async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
