@@ -14,7 +14,7 @@ from harness.chaos import now_ms
 from harness.power import SYNC_ALWAYS, PowerCluster, fuse_unavailable
 
 from .faults import Timings, hold
-from .power import (
+from .power_cuts import (
     POWER_ALL,
     POWER_MINORITY,
     POWER_ONE,
@@ -22,7 +22,7 @@ from .power import (
     power_cut_minority,
     power_cut_one,
 )
-from .test_chaos import chaos_world
+from .world import chaos_world
 
 # Every node off at once leaves the cluster without a majority until all have booted and
 # elected leaders again (about 10 s here); ticks due meanwhile fire late, within this lateness.

@@ -29,7 +29,7 @@ from .routes import (
     one_way,
     split,
 )
-from .test_chaos import chaos_world, replicas_lost, tracebacks_in_full
+from .world import chaos_world, replicas_lost, tracebacks_in_full
 
 SEED = 3
 # Ticks wait through elections (nats-server waits 4-9 s before calling one; a one-way loss can

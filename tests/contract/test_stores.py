@@ -23,7 +23,7 @@ from nats.js.api import KeyValueConfig
 from harness import NatsServer, wait_for_async
 from hrwcron.adapters.jetstream.claims import JetStreamClaims
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
-from hrwcron.adapters.jetstream.counts import JetStreamCounts
+from hrwcron.adapters.jetstream.counts_bucket import JetStreamCounts
 from hrwcron.adapters.jetstream.jobs import JetStreamJobs, has_lanes
 from hrwcron.adapters.jetstream.kv import conditional_writes
 from hrwcron.adapters.jetstream.members import JetStreamMembers

@@ -55,6 +55,7 @@ from .audit import (
     due_instants,
     find_violations,
 )
+from .commands import HARNESS_ENV
 from .procs import ReplicaProcess
 from .timings import QUICK, Timings
 from .wait import wait_for_async
@@ -86,10 +87,6 @@ __all__ = [
 
 DEFAULT_STREAM = "HRWCRON_TRIGGERS"
 DEFAULT_PREFIX = "hrwcron.trigger"
-
-# Variables the test harness reads for itself; a replica must not see them, because the
-# service rejects unknown HRWCRON_* variables (a typo there should stop a replica, not be ignored).
-_HARNESS_ONLY_ENV = ("HRWCRON_NATS_SERVER", "HRWCRON_LIBFAKETIME", "HRWCRON_KEEP_NATS_DIRS")
 
 
 def now_ms() -> float:
@@ -373,7 +370,7 @@ class ReplicaFleet:
         old = self.procs[i]
         if old is not None and old.running:
             raise RuntimeError(f"replica {self.nodes[i]} is already running")
-        env = {k: v for k, v in os.environ.items() if k not in _HARNESS_ONLY_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in HARNESS_ENV}
         env.update(self.replica_env(i))
         proc = ReplicaProcess(
             self.args,

@@ -15,6 +15,7 @@ import nats
 from nats.aio.client import Client
 
 from harness import wait_for_async
+from harness.observers import RecordingObserver
 from harness.timings import QUICK, Timings
 from hrwcron.adapters.jetstream.jobs import JetStreamJobs
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
@@ -23,30 +24,8 @@ from hrwcron.admin import AdminClient
 from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
 from hrwcron.core.model import TriggerMessage
 from hrwcron.core.ticks import TickId
-from hrwcron.engine.ports import NullObserver, TriggerRecord
+from hrwcron.engine.ports import TriggerRecord
 from hrwcron.process.app import Replica, start_replica
-
-
-class Recorder(NullObserver):
-    """Every outcome a replica reports, as (job, outcome, due ms)."""
-
-    def __init__(self) -> None:
-        self.outcomes: list[tuple[str, str, int]] = []
-
-    def outcome(
-        self,
-        job: str,
-        outcome: str,
-        *,
-        due_ms: int,
-        rank: int,
-        attempt: int,
-        lateness_ms: float | None,
-    ) -> None:
-        self.outcomes.append((job, outcome, due_ms))
-
-    def count(self, job: str, outcome: str) -> int:
-        return sum(1 for j, o, _ in self.outcomes if j == job and o == outcome)
 
 
 def replica_config(url: str, node: str, *, timings: Timings = QUICK, **scheduler: Any) -> Config:
@@ -63,7 +42,7 @@ class Cluster:
     def __init__(self, url: str) -> None:
         self.url = url
         self.replicas: dict[str, Replica] = {}
-        self.recorders: dict[str, Recorder] = {}
+        self.recorders: dict[str, RecordingObserver] = {}
         self.nc: Client | None = None
 
     @classmethod
@@ -93,7 +72,7 @@ class Cluster:
         await wait_for_async(formed, timeout=timeout, message=f"members {everyone} all ready")
 
     async def add(self, node: str, **options: Any) -> Replica:
-        recorder = Recorder()
+        recorder = RecordingObserver(node)
         replica = await start_replica(replica_config(self.url, node, **options), {}, recorder)
         self.replicas[node] = replica
         self.recorders[node] = recorder

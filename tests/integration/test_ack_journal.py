@@ -14,11 +14,10 @@ from nats.js.errors import NotFoundError
 
 from harness import NatsServer, ReplicaProcess, wait_for_async
 from harness.ackjournal import ACK_JOURNAL_ENV, find_lost_acks, read_journals, script_path
+from harness.commands import HARNESS_ENV
 from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
 from hrwcron.core.model import JobSpec
 from hrwcron.process.app import open_stores
-
-from .test_hostile_jobs import HARNESS_ENV
 
 DEADLINE = 30.0
 STREAM = "HRWCRON_TRIGGERS"

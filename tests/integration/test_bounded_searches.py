@@ -29,11 +29,9 @@ from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 
 from harness import NatsServer, ReplicaProcess, http_get, wait_for_async
+from harness.commands import HTTP_AT, hrwcron, replica
 from hrwcron.admin import AdminClient, AdminError
 from hrwcron.core.model import JobSpec, encode
-
-from .test_cli_admin import hrwcron
-from .test_hostile_jobs import HTTP_AT, replica
 
 DEADLINE = 30.0
 EXIT_REFUSED = 2  # the CLI's "your request was refused" (1 is "the cluster could not serve it")

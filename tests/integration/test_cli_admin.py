@@ -3,18 +3,15 @@ on a real nats-server, checking output, ``--json`` and exit codes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 import xxhash
 
 from harness import NatsServer, wait_for_async
+from harness.commands import Result, hrwcron
 from hrwcron.core.model import JobSpec
 from hrwcron.core.schedule import Schedule
 from hrwcron.core.ticks import format_ms
@@ -22,35 +19,11 @@ from hrwcron.core.ticks import format_ms
 from .replicas import Cluster
 
 
-class Result(NamedTuple):
-    code: int
-    out: str
-    err: str
-
-
 @pytest.fixture
 async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
     c = await Cluster.start(nats_url, {"a": {}, "b": {}})
     yield c
     await c.stop()
-
-
-async def hrwcron(url: str, *args: str, stdin: bytes | None = None) -> Result:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HRWCRON_")}
-    env["HRWCRON_NATS_URL"] = url
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "hrwcron",
-        *args,
-        env=env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=60)
-    assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
 
 
 async def test_jobs_verbs_change_what_the_replicas_run(cluster: Cluster) -> None:

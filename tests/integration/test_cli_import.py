@@ -3,16 +3,13 @@ a real nats-server, through the same diff, checks and writes as ``apply``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
+from harness.commands import Result, hrwcron
 from hrwcron.core.model import JobSpec
 
 from .replicas import Cluster
@@ -20,34 +17,11 @@ from .replicas import Cluster
 CORPUS = Path(__file__).resolve().parents[1] / "vectors" / "imports"
 
 
-class Result(NamedTuple):
-    code: int
-    out: str
-    err: str
-
-
 @pytest.fixture
 async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
     c = await Cluster.start(nats_url, {"a": {}, "b": {}})
     yield c
     await c.stop()
-
-
-async def hrwcron(url: str, *args: str) -> Result:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HRWCRON_")}
-    env["HRWCRON_NATS_URL"] = url
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "hrwcron",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
 
 
 async def stored(cluster: Cluster) -> dict[str, JobSpec]:

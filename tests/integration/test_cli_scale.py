@@ -12,10 +12,10 @@ import msgspec
 import pytest
 
 from harness import NatsServer, wait_for_async
+from harness.commands import hrwcron
 from hrwcron.core.model import JobSpec
 
 from .replicas import Cluster
-from .test_cli_admin import hrwcron
 
 MAX_PAYLOAD = 32 * 1024
 JOBS = 1_500

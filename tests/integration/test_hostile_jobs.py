@@ -5,9 +5,7 @@ use, says so (log, metric, /status) and keeps firing every other job."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,35 +13,11 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
-from harness import NatsServer, ReplicaProcess, wait_for_async
+from harness import NatsServer, http_get, wait_for_async
+from harness.commands import HTTP_AT, replica
 from hrwcron.core.model import JobSpec, encode
 
 DEADLINE = 30.0
-# Read by the test harness only; a replica refuses unknown HRWCRON_* variables.
-HARNESS_ENV = ("HRWCRON_NATS_SERVER", "HRWCRON_LIBFAKETIME", "HRWCRON_KEEP_NATS_DIRS")
-HTTP_AT = re.compile(r"http endpoint at (http://\S+)")
-
-
-def replica(url: str, node: str, log: Path, **env: str) -> ReplicaProcess:
-    base = {k: v for k, v in os.environ.items() if k not in HARNESS_ENV}
-    base.update(
-        {
-            "HRWCRON_NATS_URL": url,
-            "HRWCRON_NODE_ID": node,
-            "HRWCRON_HTTP_LISTEN": "127.0.0.1:0",
-            "HRWCRON_LOG_LEVEL": "info",
-            **env,
-        }
-    )
-    return ReplicaProcess(["run"], base, log, inherit_env=False)
-
-
-def http_get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 @pytest.fixture

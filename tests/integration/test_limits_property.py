@@ -22,6 +22,8 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from harness import NatsServer, ReplicaProcess, wait_for_async
+from harness.commands import HTTP_AT, replica
+from harness.nats import http_get
 from hrwcron.admin import AdminClient, AdminError
 from hrwcron.core.model import (
     DEFAULT_MAX_PAYLOAD,
@@ -30,8 +32,6 @@ from hrwcron.core.model import (
     MAX_SUBJECT_TOKENS,
 )
 from hrwcron.core.schedule import MAX_EVERY_MS, MAX_EXPRESSION_LENGTH
-
-from .test_hostile_jobs import HTTP_AT, http_get, replica
 
 DEADLINE = 30.0
 PREFIX = "hrwcron.trigger"

@@ -11,10 +11,10 @@ import msgspec
 import pytest
 
 from harness import wait_for_async
+from harness.commands import hrwcron
 from hrwcron.core.model import JobSpec
 
 from .replicas import Cluster
-from .test_cli_admin import hrwcron
 
 DEADLINE = 30.0
 

@@ -16,14 +16,13 @@ from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StreamConfig
 
 from harness import NatsServer, wait_for_async
+from harness.commands import HTTP_AT, hrwcron, replica
+from harness.nats import http_get
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
 from hrwcron.adapters.jetstream.triggers import JetStreamTriggers
 from hrwcron.admin import AdminClient, AdminError
 from hrwcron.core.model import JobSpec, encode
 from hrwcron.engine.ports import StoreRefused
-
-from .test_cli_admin import hrwcron
-from .test_hostile_jobs import HTTP_AT, http_get, replica
 
 DEADLINE = 30.0
 LONG_SUBJECT = ("hrwcron.trigger." + ".".join(["a" * 64] * 70))[:4_520]

@@ -14,10 +14,7 @@ that the replicas have lived through the instants in question.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ import pytest
 
 from harness import NatsServer, wait_for_async
 from harness.chaos import ReplicaFleet, TriggerLog, now_ms, wait_until_ms
+from harness.commands import hrwcron
 from hrwcron.admin import AdminClient, AdminError
 from hrwcron.core import hrw, partitions
 from hrwcron.core.model import JobSpec
@@ -231,8 +229,8 @@ async def test_excluded_ticks_are_skipped_and_counted_once_by_the_owner(
     counted = [
         (node, due)
         for node, recorder in cluster.recorders.items()
-        for name, outcome, due in recorder.outcomes
-        if name == job.name and outcome == "excluded" and due in window
+        for outcome, due in recorder.of(job.name)
+        if outcome == "excluded" and due in window
     ]
     owner = hrw.rank(job.name, ["a", "b", "c"])[0]
     assert sorted(counted) == [(owner, t) for t in window if (t // 1000) % 2 == 0]
@@ -312,26 +310,9 @@ async def test_next_reads_a_jobs_window_and_exclusions_from_the_cluster(
         exclude=["* * 24-26 12 *"],
     )
     await cluster.admin.put_job(job, 0)
-    code, out, err = await _hrwcron(
+    code, out, err = await hrwcron(
         cluster.url, "next", "nightly", "--count", "9", "--after", "2026-12-01T00:00:00Z"
     )
     days = [20, 21, 22, 23, 27, 28, 29, 30]
     assert (code, out.split()) == (0, [f"2026-12-{d}T01:00:00Z" for d in days])
     assert "8 instants: no tick after the end" in err
-
-
-async def _hrwcron(url: str, *args: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HRWCRON_")}
-    env["HRWCRON_NATS_URL"] = url
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "hrwcron",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness import NatsCluster, NatsServer
+from harness.commands import replica
 from hrwcron.core.config import load_config
 from hrwcron.process.app import open_stores
-
-from .test_hostile_jobs import replica
 
 DEADLINE = 90.0
 NOT_SERVING = "start-up: JetStream is not serving yet"

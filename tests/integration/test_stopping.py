@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness import NatsServer, free_ports
-
-from .test_hostile_jobs import replica
+from harness.commands import replica
 
 DEADLINE = 30.0
 

@@ -22,12 +22,12 @@ from nats.js.errors import KeyNotFoundError
 from prometheus_client import CollectorRegistry
 
 from harness import wait_for_async
+from harness.commands import hrwcron
 from hrwcron.core.model import JobSpec, TriggerMessage, encode
 from hrwcron.core.ticks import format_ms
 from hrwcron.worker import DONE, Processed, Trigger, Worker
 
 from .replicas import Cluster
-from .test_cli_admin import hrwcron
 from .workers import STREAM, marker, publish
 
 DEADLINE = 30.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hrwcron.core.config import load_config
-from hrwcron.core.config.settings import ConfigFileError
+from hrwcron.core.config.schema import ConfigFileError
 from hrwcron.core.passwords import hash_password, hash_problem, verify_password
 
 HASHED = hash_password("correct horse battery")

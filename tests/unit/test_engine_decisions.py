@@ -4,41 +4,25 @@ and no loops running: the clock is driven by hand and each due tick is evaluated
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from harness.observers import RecordingObserver
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.core.model import JobSpec
 from hrwcron.engine.clock import Clock
-from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.decisions import TickDecisions
 from hrwcron.engine.flight import Flight
 from hrwcron.engine.jobs import Job, JobTable
 from hrwcron.engine.ledger import TriggerLedger
 from hrwcron.engine.membership import Membership
-from hrwcron.engine.ports import JobEvent, LastTrigger, NullObserver
+from hrwcron.engine.ports import JobEvent, LastTrigger
+from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 from hrwcron.engine.timer import Timer
 
 from .test_clock_steps import Clocks
 from .test_engine_membership import State
-
-
-@dataclass
-class Outcomes(NullObserver):
-    seen: list[tuple[str, str, int]] = field(default_factory=list)
-
-    def outcome(
-        self,
-        job: str,
-        outcome: str,
-        *,
-        due_ms: int,
-        rank: int,
-        attempt: int,
-        lateness_ms: float | None,
-    ) -> None:
-        self.seen.append((job, outcome, due_ms))
 
 
 @dataclass
@@ -49,7 +33,7 @@ class Engine:
     ledger: TriggerLedger
     membership: Membership
     timer: Timer[Flight]
-    observer: Outcomes
+    observer: RecordingObserver
     submitted: list[list[Flight]]
 
 
@@ -61,7 +45,7 @@ async def engine() -> Engine:
     clocks = Clocks()
     clock = Clock(clocks.wall, clocks.monotonic)
     settings = Settings(node_id="a", member_ttl=3.0)
-    observer = Outcomes()
+    observer = RecordingObserver()
     store = MemoryJobs()
     ticks = TickDecisions(
         settings,
@@ -141,7 +125,7 @@ async def test_a_tick_already_in_the_stream_is_resolved_and_the_next_one_planned
     due = job.due
     assert due is not None
     e.ledger.remember(job.subject, LastTrigger(7, "j:x", due))
-    assert e.observer.seen == [("j", "not_owner", due)]
+    assert e.observer.of("j") == [("not_owner", due)]
     assert job.due == due + 60_000
 
 
@@ -152,5 +136,5 @@ async def test_a_tick_past_its_lateness_is_counted_missed_by_its_owner() -> None
     assert due is not None
     now = due_now(e, job) + job.spec.max_lateness_ms + 1
     e.ticks.evaluate(job, now, True, [])
-    assert e.observer.seen == [("j", "missed", due)]
+    assert e.observer.of("j") == [("missed", due)]
     assert e.ticks.missed_recently.total(now) == 1

@@ -15,13 +15,13 @@ from hrwcron.adapters.memory import MemoryClaims, MemoryTriggers
 from hrwcron.core.model import ClaimRecord, JobSpec
 from hrwcron.core.ticks import TickId
 from hrwcron.engine.clock import Clock
-from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.dispatch import Dispatcher
 from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import Flight
 from hrwcron.engine.jobs import Job
 from hrwcron.engine.ledger import TriggerLedger
 from hrwcron.engine.ports import NullObserver
+from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 
 

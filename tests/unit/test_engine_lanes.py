@@ -3,27 +3,15 @@ still fires exactly once while replicas join, leave and jobs move between lanes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-
-import pytest
+from collections.abc import Iterable
 
 from harness import wait_for_async
+from harness.memory_cluster import Cluster, every_second, now_ms, second_after
 from hrwcron.core import partitions
 from hrwcron.core.model import JobSpec
-from hrwcron.core.planner import Candidate
-
-from .test_engine import Cluster, every_second, now_ms, second_after
+from hrwcron.core.turns import Candidate
 
 HOLDERS = 2
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    cluster = Cluster()
-    try:
-        yield cluster
-    finally:
-        await cluster.stop_all()
 
 
 def expected_holding(jobs: Iterable[JobSpec], nodes: list[str]) -> dict[str, set[str]]:

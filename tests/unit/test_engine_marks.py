@@ -8,17 +8,16 @@ one that then falls silent.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
+from harness.memory_cluster import FAST, Cluster, every_second, now_ms, second_after
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryTriggers
 from hrwcron.core import hrw
 from hrwcron.engine.marks import BUSY, DONE, UNKNOWN, Mark, MarksHeard
 from hrwcron.engine.ports import Published
-
-from .test_engine import FAST, Cluster, every_second, now_ms, second_after
 
 STEP = 1.0
 LEASE = 2.0
@@ -123,15 +122,6 @@ class SlowTriggers:
 NODES = ["a", "b", "c"]
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    stores = Cluster()
-    try:
-        yield stores
-    finally:
-        await stores.stop_all()
-
-
 def owned_by(node: str, count: int) -> list[str]:
     names = (f"herd{i:03d}" for i in range(10_000))
     return [n for n in names if hrw.rank(n, NODES)[0] == node][:count]
@@ -159,7 +149,7 @@ async def test_a_live_owner_that_falls_behind_is_waited_for_not_piled_on(
     assert {(t.node, t.attempt) for t in after} == {("a", 1)}
     for node in ("b", "c"):
         reads = sum(replicas[node].claims.reads.values())
-        busy = [o for o in replicas[node].recorder.outcomes if o.outcome == "lock_busy"]
+        busy = [o for o in replicas[node].recorder.decisions if o.outcome == "lock_busy"]
         assert (reads, busy) == (0, []), node
 
 
@@ -212,11 +202,11 @@ async def test_a_follower_spends_nothing_per_tick_and_still_knows_each_jobs_next
     while not all_parked():
         assert asyncio.get_running_loop().time() < deadline, "the follower never parked them"
         await asyncio.sleep(0.05)
-    decided = len(follower.recorder.outcomes)
+    decided = len(follower.recorder.decisions)
     heap = [entry for entry in follower.scheduler._timer.heap if entry[2] in names]
     end = second_after(now_ms(), 3)
     await cluster.run_until(jobs, end)
-    assert len(follower.recorder.outcomes) == decided  # three seconds of ticks: nothing
+    assert len(follower.recorder.decisions) == decided  # three seconds of ticks: nothing
     live = [e for e in heap if follower.scheduler.jobs[e[2]].entry == e[3]]
     assert live == []  # no heap entry stands for a parked job
     for job in jobs:

@@ -11,12 +11,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import msgspec
 import pytest
 
 from harness import wait_for_async
+from harness.observers import RecordingObserver
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import (
     MemoryClaims,
@@ -32,7 +33,6 @@ from hrwcron.engine.ports import (
     HEADER_KIND,
     HEADER_MSG_ID,
     HEADER_RUN,
-    NullObserver,
     Published,
     TriggerWrite,
 )
@@ -63,23 +63,6 @@ def rfc3339(ms: float) -> str:
     return format_ms(int(ms))
 
 
-@dataclass
-class Recorder(NullObserver):
-    outcomes: list[tuple[str, str, int]] = field(default_factory=list)
-
-    def outcome(
-        self,
-        job: str,
-        outcome: str,
-        *,
-        due_ms: int,
-        rank: int,
-        attempt: int,
-        lateness_ms: float | None,
-    ) -> None:
-        self.outcomes.append((job, outcome, due_ms))
-
-
 class CountingJobs(MemoryJobs):
     """The jobs store, counting deletes (a finished job is deleted by one replica)."""
 
@@ -100,10 +83,10 @@ class Cluster:
         self.jobs = CountingJobs()
         self.counts = MemoryCounts()
         self.replicas: dict[str, Scheduler] = {}
-        self.recorders: dict[str, Recorder] = {}
+        self.recorders: dict[str, RecordingObserver] = {}
 
     async def start(self, node: str) -> Scheduler:
-        recorder = Recorder()
+        recorder = RecordingObserver(node)
         scheduler = Scheduler(
             replace(FAST, node_id=node),
             members=self.members,
@@ -154,8 +137,8 @@ class Cluster:
         return [
             (node, due)
             for node, recorder in self.recorders.items()
-            for j, o, due in recorder.outcomes
-            if j == job and o == outcome
+            for decided, due in recorder.of(job)
+            if decided == outcome
         ]
 
     async def wait_keys(self, job: str, count: int, timeout: float = 15) -> None:

@@ -9,7 +9,7 @@ import asyncio
 from harness import wait_for_async
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs
-from hrwcron.admin.jobtable import summary
+from hrwcron.admin.job_pages import summary
 from hrwcron.core.model import JobSpec
 from hrwcron.engine.ports import JobEvent
 

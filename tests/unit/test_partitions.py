@@ -8,7 +8,7 @@ import pytest
 
 from hrwcron.core import hrw
 from hrwcron.core import partitions as pt
-from hrwcron.core.planner import Candidate
+from hrwcron.core.turns import Candidate
 
 
 def members(n: int, weight: float = 1.0) -> list[Candidate]:

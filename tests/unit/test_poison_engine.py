@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from harness import wait_for_async
+from harness.memory_cluster import Cluster, every_second, now_ms, second_after
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.jetstream.pipeline import message_size
 from hrwcron.adapters.memory import MemoryTriggers
@@ -29,8 +30,6 @@ from hrwcron.engine.ports import (
     StoreRefused,
     TriggerWrite,
 )
-
-from .test_engine import Cluster, every_second, now_ms, second_after
 
 
 def _failed(error: Exception) -> asyncio.Future[Published]:
@@ -108,7 +107,7 @@ async def test_a_refused_trigger_fails_that_tick_once_and_marks_the_job(
     rejected = [
         o
         for r in replicas
-        for o in r.recorder.outcomes
+        for o in r.recorder.decisions
         if o.job == "poison" and o.outcome == "rejected"
     ]
     dues = [o.due_ms for o in rejected]

@@ -15,8 +15,9 @@ from typing import Generic, TypeVar
 from hrwcron.adapters.memory_triggers import MemoryTriggers, StoredTrigger, answered, is_scheduled
 from hrwcron.core import partitions
 from hrwcron.core.errors import ConflictError, DuplicateNodeError, SubjectTakenError
-from hrwcron.core.model import DEFAULT_SUBJECT_PREFIX, ClaimRecord, Heartbeat, JobSpec
-from hrwcron.core.runcount import RunCount
+from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
+from hrwcron.core.resources import SUBJECT_PREFIX
+from hrwcron.core.run_limits import RunCount
 from hrwcron.engine.marks import Mark
 from hrwcron.engine.ports import (
     ClaimWrite,
@@ -185,7 +186,7 @@ class MemoryJobs:
     """Job specs under the keys the JetStream store uses (``p=<lane>.<name>``): a tag change
     moves a job between lanes, seen by a watch as a delete in one and a write in the other."""
 
-    def __init__(self, subject_prefix: str = DEFAULT_SUBJECT_PREFIX) -> None:
+    def __init__(self, subject_prefix: str = SUBJECT_PREFIX) -> None:
         self._bucket: _Bucket[JobSpec] = _Bucket(time.monotonic)
         self._prefix = subject_prefix
         self._keys: dict[str, str] = {}  # job name -> its key

@@ -45,6 +45,7 @@ from hrwcron.adapters.metrics import (
 )
 from hrwcron.adapters.tick_log import TickLog
 from hrwcron.adapters.tracing import OtelTickSpan, tracer_provider_from_env
+from hrwcron.core import resources
 from hrwcron.core.config import Config
 from hrwcron.core.model import HRW_SCHEME
 from hrwcron.core.outcomes import CONTENTION, Outcome
@@ -97,7 +98,7 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         now_ms: Callable[[], float] = lambda: time.time() * 1000,
         monotonic: Callable[[], float] = time.monotonic,
-        claims_bucket: str = "hrwcron_claims",
+        claims_bucket: str = resources.CLAIMS_BUCKET,
         process_metrics: bool = True,
     ) -> None:
         self.node = node

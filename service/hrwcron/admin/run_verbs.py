@@ -28,7 +28,7 @@ from hrwcron.admin.api import (
     manual_id_problem,
 )
 from hrwcron.admin.context import ServiceContext
-from hrwcron.admin.jobtable import (
+from hrwcron.admin.job_pages import (
     add_summaries,
     by_due,
     format_due_cursor,

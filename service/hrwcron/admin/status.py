@@ -18,7 +18,7 @@ import msgspec
 
 from hrwcron import __version__
 from hrwcron.adapters.telemetry import Telemetry
-from hrwcron.admin.jobtable import by_due, format_due_cursor, parse_due_cursor, summary
+from hrwcron.admin.job_pages import by_due, format_due_cursor, parse_due_cursor, summary
 from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.plan import Allowance
 from hrwcron.core.ticks import format_ms

@@ -19,7 +19,7 @@ import msgspec
 
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.adapters.tick_log import Minute
-from hrwcron.admin.jobtable import summary
+from hrwcron.admin.job_pages import summary
 from hrwcron.admin.status import ReplicaStatus
 from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.plan import Allowance

@@ -12,11 +12,9 @@ import msgspec
 
 from hrwcron.core.errors import JobSpecError, Problem, ScheduleError
 from hrwcron.core.plan import Allowance, TickPlan
+from hrwcron.core.resources import SUBJECT_PREFIX
 
 SCHEMA_VERSION = 1
-DEFAULT_SUBJECT_PREFIX = "hrwcron.trigger"
-# Replicas' progress marks go to <this>.<members bucket> (core NATS, scheduler role only).
-MARKS_SUBJECT_PREFIX = "hrwcron.progress"
 DEFAULT_MAX_PAYLOAD = 64 * 1024
 HRW_SCHEME = "xxh3-64"
 
@@ -160,7 +158,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
     start: str | None = None
     end: str | None = None
     exclude: list[str] = msgspec.field(default_factory=list)
-    # Scheduled triggers the job fires in all; the count is shared state (see runcount.py).
+    # Scheduled triggers the job fires in all; the count is shared state (see core/run_limits.py).
     max_runs: int | None = None
     # Seconds after a job has no ticks left (its @at passed, its end passed, its runs are
     # used up) until one replica deletes it.
@@ -199,7 +197,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
         """Whether the job can run out of ticks (so that ``delete_after`` means something)."""
         return self.end is not None or self.max_runs is not None or _one_time(self.schedule)
 
-    def trigger_subject(self, prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
+    def trigger_subject(self, prefix: str = SUBJECT_PREFIX) -> str:
         return self.subject or f"{prefix}.{self.name}"
 
     @property
@@ -209,7 +207,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw
     def problems(
         self,
         *,
-        prefix: str = DEFAULT_SUBJECT_PREFIX,
+        prefix: str = SUBJECT_PREFIX,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         check_schedule: bool = True,
         now_ms: int | None = None,

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 import xxhash
 
 from hrwcron.core import hrw
-from hrwcron.core.planner import Candidate
+from hrwcron.core.turns import Candidate
 
 # 8,192 lanes keep the most loaded of 10 replicas within 6% of the mean with two holders per
 # lane (4,096: 8%; tests/unit/test_partitions.py measures it), and a replica's watch within a

@@ -15,10 +15,9 @@ from typing import Any
 
 from hrwcron.core.errors import ConflictError, HrwcronError, NotFoundError
 from hrwcron.core.outcomes import RESOLVED, Outcome
-from hrwcron.core.planner import collapse_latest, next_wake
 from hrwcron.core.ticks import TickId
+from hrwcron.core.turns import collapse_latest, next_wake
 from hrwcron.engine.clock import Clock
-from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.flight import Flight
 from hrwcron.engine.jobs import HeldClaim, Job, JobTable
 from hrwcron.engine.ledger import TriggerLedger
@@ -26,6 +25,7 @@ from hrwcron.engine.marks import Mark, MarksHeard
 from hrwcron.engine.membership import Membership
 from hrwcron.engine.ports import JobsPort, LastTrigger, Observer
 from hrwcron.engine.recent import RecentCounts
+from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 from hrwcron.engine.timer import Timer
 

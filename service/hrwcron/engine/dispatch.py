@@ -24,7 +24,6 @@ from typing import Any, Protocol
 from hrwcron.core.model import ClaimRecord
 from hrwcron.core.outcomes import CLAIM_RESOLVED, Outcome
 from hrwcron.engine.clock import Clock
-from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import (
     Batch,
@@ -45,6 +44,7 @@ from hrwcron.engine.ports import (
     StoreRefused,
     TriggersPort,
 )
+from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 
 log = logging.getLogger("hrwcron.scheduler")
@@ -409,7 +409,7 @@ class Dispatcher:
     def _prepare(self, flight: Flight, batch: Batch, publishes: list[Flight]) -> None:
         """Checks right before publishing, as of now: a replica that woke up late must not
         publish late, a subject that already holds this tick or a later one is done, and a
-        max_runs job numbers its trigger from the subject's newest one (see runcount.py)."""
+        max_runs job numbers its trigger from the subject's newest one (see core/run_limits.py)."""
         job = flight.job
         due = flight.due
         scheduled = flight.kind == "scheduled"

@@ -21,8 +21,8 @@ from hrwcron.core import partitions
 from hrwcron.core.errors import HrwcronError, Problem
 from hrwcron.core.model import JobSpec, encode
 from hrwcron.core.plan import TickPlan
-from hrwcron.core.planner import first_due
 from hrwcron.core.schedule import Schedule, jitter_ms
+from hrwcron.core.turns import first_due
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.pacing import Slices
 from hrwcron.engine.ports import Covered, JobEvent, JobsPort, LastTrigger, Observer

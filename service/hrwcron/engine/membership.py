@@ -16,7 +16,7 @@ from hrwcron import __version__
 from hrwcron.core import hrw, partitions
 from hrwcron.core.errors import ConflictError, DuplicateNodeError, HrwcronError
 from hrwcron.core.model import Heartbeat
-from hrwcron.core.planner import Candidate, ranking
+from hrwcron.core.turns import Candidate, ranking
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.jobs import HeldClaim, Job
 from hrwcron.engine.ports import MembersPort, Observer, ServerTime
@@ -134,7 +134,7 @@ class Membership:
             self._ready_nodes = frozenset(c.node for c in candidates)
             self._plain = hrw.prepare([c.node for c in candidates])
             if any(c.weight != 1.0 for c in candidates):
-                self._plain = None  # weighted: planner.ranking
+                self._plain = None  # weighted: turns.ranking
         if self.settings.holders > 0 and self._hold():
             changed = True
         if changed:

@@ -11,7 +11,7 @@ from typing import Protocol
 from hrwcron.core.errors import StoreError
 from hrwcron.core.model import ClaimRecord, Heartbeat, JobSpec
 from hrwcron.core.outcomes import Outcome
-from hrwcron.core.runcount import RunCount
+from hrwcron.core.run_limits import RunCount
 from hrwcron.engine.marks import Mark
 
 HEADER_MSG_ID = "Nats-Msg-Id"
@@ -22,7 +22,7 @@ HEADER_DUE = "Hrwcron-Due"
 HEADER_WATERMARK = "Hrwcron-Watermark"
 HEADER_KIND = "Hrwcron-Kind"
 # The run number of a job with max_runs: scheduled triggers published so far, this one
-# included; manual and backfill triggers carry it forward (see runcount.py).
+# included; manual and backfill triggers carry it forward (see core/run_limits.py).
 HEADER_RUN = "Hrwcron-Run"
 # CloudEvents attributes, binary mode of the NATS protocol binding (scheduler.cloudevents):
 # ``ce-`` plus the attribute's name. Content-Type is not the binding's (it names
@@ -238,7 +238,7 @@ class RunsPort(Protocol):
 
 
 class CountsPort(Protocol):
-    """The durable copy of each max_runs job's run count (see runcount.py)."""
+    """The durable copy of each max_runs job's run count (see core/run_limits.py)."""
 
     async def get(self, job: str) -> RunCount | None: ...
     async def raise_total(self, job: str, total: int) -> RunCount:

@@ -27,9 +27,8 @@ from hrwcron.core import hrw
 from hrwcron.core.errors import HrwcronError, NotFoundError
 from hrwcron.core.outcomes import PUBLISHED, Outcome
 from hrwcron.core.plan import Allowance, lifecycle
-from hrwcron.core.planner import Candidate, ranking
+from hrwcron.core.turns import Candidate, ranking
 from hrwcron.engine.clock import Clock
-from hrwcron.engine.counting import RunCounter
 from hrwcron.engine.decisions import TickDecisions
 from hrwcron.engine.dispatch import Dispatcher
 from hrwcron.engine.failpoints import Failpoints
@@ -49,6 +48,7 @@ from hrwcron.engine.ports import (
     StoreUnavailable,
     TriggersPort,
 )
+from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 from hrwcron.engine.timer import Timer
 from hrwcron.engine.view import MembershipView

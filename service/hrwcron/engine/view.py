@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hrwcron.core.model import Heartbeat
-from hrwcron.core.planner import Candidate
+from hrwcron.core.turns import Candidate
 from hrwcron.engine.ports import MemberRecord
 
 

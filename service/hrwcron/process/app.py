@@ -19,7 +19,7 @@ from nats.errors import Error as NatsError
 from hrwcron.adapters.http import HttpServer
 from hrwcron.adapters.jetstream.claims import JetStreamClaims, JetStreamRuns
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
-from hrwcron.adapters.jetstream.counts import JetStreamCounts
+from hrwcron.adapters.jetstream.counts_bucket import JetStreamCounts
 from hrwcron.adapters.jetstream.jobs import JetStreamJobs, has_lanes
 from hrwcron.adapters.jetstream.marks import NatsMarks
 from hrwcron.adapters.jetstream.members import JetStreamMembers

@@ -24,6 +24,7 @@ from nats.js.api import (
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from hrwcron.core import resources
 from hrwcron.core.model import TriggerMessage
 from hrwcron.engine.ports import HEADER_MSG_ID
 from hrwcron.worker.calls import Run, RunCalls, describe, wait
@@ -45,8 +46,8 @@ from hrwcron.worker.trigger import Handler, Trigger
 
 log = logging.getLogger("hrwcron.worker")
 
-DEFAULT_STREAM = "HRWCRON_TRIGGERS"
-DEFAULT_SUBJECTS = ("hrwcron.trigger.>",)
+DEFAULT_STREAM = resources.TRIGGER_STREAM
+DEFAULT_SUBJECTS = (f"{resources.SUBJECT_PREFIX}.>",)
 DEFAULT_API_PREFIX = "$JS.API"
 FETCH_WAIT = 1.0  # how long one pull request stays open on the server
 

@@ -28,6 +28,7 @@ from nats.js.kv import KeyValue
 
 from hrwcron.adapters.jetstream.kv import conditional_put, last_message
 from hrwcron.adapters.jetstream.pipeline import WRONG_LAST_SEQUENCE
+from hrwcron.core import resources
 from hrwcron.core.errors import HrwcronError
 from hrwcron.core.model import job_name_problem
 from hrwcron.core.ticks import CLAIM_DUE, CLAIM_MANUAL, claim_key
@@ -35,9 +36,9 @@ from hrwcron.worker.errors import WorkerSetupError
 
 log = logging.getLogger("hrwcron.worker")
 
-DEFAULT_RUNS_BUCKET = "hrwcron_runs"
-DEFAULT_PROCESSED_BUCKET = "hrwcron_processed"
-RUN_MARKER_TTL = 30.0  # the runs bucket's TTL, as provisioned by the replicas
+DEFAULT_RUNS_BUCKET = resources.RUNS_BUCKET
+DEFAULT_PROCESSED_BUCKET = resources.PROCESSED_BUCKET
+RUN_MARKER_TTL = resources.RUN_MARKER_TTL  # the runs bucket's TTL, as replicas provision it
 DEFAULT_PROCESSED_TTL = 86_400.0  # when the trigger stream keeps messages forever
 
 

@@ -26,11 +26,11 @@ from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
 from hrwcron.core import partitions
 from hrwcron.core.errors import ConflictError, SubjectTakenError
 from hrwcron.core.model import (
-    DEFAULT_SUBJECT_PREFIX,
     JobSpec,
     decode_job,
     encode,
 )
+from hrwcron.core.resources import SUBJECT_PREFIX
 from hrwcron.engine.ports import Covered, JobEvent, StoreUnavailable
 
 # Subject claims live in the claims bucket under keys that no tick claim can have: a claim key
@@ -93,7 +93,7 @@ class JetStreamJobs:
         bucket: str,
         *,
         claims_bucket: str | None = None,
-        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+        subject_prefix: str = SUBJECT_PREFIX,
         pipeline: JetStreamPipeline | None = None,
         lanes: bool = True,
         covered_every: float = 5.0,

@@ -22,25 +22,29 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 from hrwcron.adapters.jetstream.jobs import mark_lanes
+from hrwcron.core import resources
+from hrwcron.core.config import SchedulerConfig
 from hrwcron.core.errors import StreamConfigError
+
+_SHIPPED = SchedulerConfig()
 
 
 @dataclass(frozen=True)
 class Layout:
     """Names and sizes of everything hrwcron keeps in JetStream."""
 
-    members_bucket: str = "hrwcron_members"
-    claims_bucket: str = "hrwcron_claims"
-    jobs_bucket: str = "hrwcron_jobs"
-    runs_bucket: str = "hrwcron_runs"
-    counts_bucket: str = "hrwcron_counts"
-    processed_bucket: str = "hrwcron_processed"  # the worker SDK's default
-    stream: str = "HRWCRON_TRIGGERS"
-    subject_prefix: str = "hrwcron.trigger"
-    member_ttl: float = 3.0
-    run_marker_ttl: float = 30.0
-    duplicate_window: float = 600.0
-    stream_max_age: float = 86_400.0
+    members_bucket: str = resources.MEMBERS_BUCKET
+    claims_bucket: str = resources.CLAIMS_BUCKET
+    jobs_bucket: str = resources.JOBS_BUCKET
+    runs_bucket: str = resources.RUNS_BUCKET
+    counts_bucket: str = resources.COUNTS_BUCKET
+    processed_bucket: str = resources.PROCESSED_BUCKET  # the worker SDK's default
+    stream: str = resources.TRIGGER_STREAM
+    subject_prefix: str = resources.SUBJECT_PREFIX
+    member_ttl: float = _SHIPPED.member_ttl
+    run_marker_ttl: float = resources.RUN_MARKER_TTL
+    duplicate_window: float = _SHIPPED.duplicate_window
+    stream_max_age: float = _SHIPPED.stream_max_age
     replicas: int = 1
     storage: str = "file"
     claims_storage: str = "memory"

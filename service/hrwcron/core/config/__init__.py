@@ -12,7 +12,7 @@ with :mod:`.values` converting one value), and :mod:`.settings` (the records the
 
 from hrwcron.core.config.checks import config_warnings
 from hrwcron.core.config.load import load_config, parse_config
-from hrwcron.core.config.settings import (
+from hrwcron.core.config.schema import (
     DEFAULT_SERVER,
     ENV_CONFIG_PATH,
     ENV_PREFIX,

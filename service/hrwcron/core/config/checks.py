@@ -10,7 +10,7 @@ import os
 import re
 from urllib.parse import urlsplit
 
-from hrwcron.core.config.settings import (
+from hrwcron.core.config.schema import (
     BUCKET_KEYS,
     DURATIONS,
     FILE_KEYS,

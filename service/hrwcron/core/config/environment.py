@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from hrwcron.core.config.settings import (
+from hrwcron.core.config.schema import (
     DURATIONS,
     ENV_CONFIG_PATH,
     ENV_PREFIX,

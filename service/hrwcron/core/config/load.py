@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from hrwcron.core.config.settings import Config, ConfigFileError
+from hrwcron.core.config.schema import Config, ConfigFileError
 from hrwcron.core.config.validate import build_config
 from hrwcron.core.errors import Problem
 

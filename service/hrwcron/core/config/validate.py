@@ -23,7 +23,7 @@ from hrwcron.core.config.checks import (
     check_telemetry,
 )
 from hrwcron.core.config.environment import overlay_environment
-from hrwcron.core.config.settings import (
+from hrwcron.core.config.schema import (
     DURATIONS,
     ENV_PREFIX,
     FILE_KEYS,

@@ -13,7 +13,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from hrwcron.core.config.settings import redact_secrets, redact_url
+from hrwcron.core.config.schema import redact_secrets, redact_url
 from hrwcron.core.errors import Problem, ScheduleError
 from hrwcron.core.schedule import parse_duration
 

@@ -11,16 +11,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from hrwcron.core.errors import Problem, ScheduleError
 
 # The instants a schedule is evaluated for; outside them datetime (and the zone data) run out.
-_MIN_MS = -5_364_662_400_000  # 1800-01-01T00:00Z
-_MAX_MS = 221_845_392_000_000  # 9000-01-01T00:00Z
-_MAX_YEAR = 9100
+MIN_MS = -5_364_662_400_000  # 1800-01-01T00:00Z
+MAX_MS = 221_845_392_000_000  # 9000-01-01T00:00Z
+MAX_YEAR = 9100
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECOND = timedelta(seconds=1)
-_MEMO_SIZE = 4096
+MEMO_SIZE = 4096
 
 
-_DAYS_IN_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+DAYS_IN_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 def schedule_error(where: str, message: str) -> ScheduleError:
@@ -31,7 +31,7 @@ def schedule_error(where: str, message: str) -> ScheduleError:
 # --- calendar arithmetic (proleptic Gregorian, days since 1970-01-01) -------------------------
 
 
-def _days_from_civil(y: int, m: int, d: int) -> int:
+def days_from_civil(y: int, m: int, d: int) -> int:
     y -= m <= 2
     era = y // 400
     yoe = y - era * 400
@@ -40,7 +40,7 @@ def _days_from_civil(y: int, m: int, d: int) -> int:
     return era * 146097 + doe - 719468
 
 
-def _civil_from_days(z: int) -> tuple[int, int, int]:
+def civil_from_days(z: int) -> tuple[int, int, int]:
     z += 719468
     era = z // 146097
     doe = z - era * 146097
@@ -52,10 +52,10 @@ def _civil_from_days(z: int) -> tuple[int, int, int]:
     return yoe + era * 400 + (m <= 2), m, d
 
 
-def _days_in_month(y: int, m: int) -> int:
+def days_in_month(y: int, m: int) -> int:
     if m == 2 and not (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)):
         return 28
-    return _DAYS_IN_MONTH[m]
+    return DAYS_IN_MONTH[m]
 
 
 def _zone(tz: str) -> ZoneInfo:
@@ -79,7 +79,7 @@ _CHUNK_S = 1 << 24  # about 194 days
 _PROBE_S = 86_400
 
 
-class _ZoneTable:
+class ZoneTable:
     """Where a zone's UTC offset changes, found lazily by probing, cached per ~half year."""
 
     def __init__(self, zone: ZoneInfo) -> None:
@@ -88,7 +88,7 @@ class _ZoneTable:
         self.windows: dict[int, tuple[list[int], list[int]]] = {}
 
     def offset_s(self, s: int) -> int:
-        delta = (_EPOCH + timedelta(seconds=s)).astimezone(self.zone).utcoffset()
+        delta = (EPOCH + timedelta(seconds=s)).astimezone(self.zone).utcoffset()
         return 0 if delta is None else delta // _SECOND
 
     def chunk(self, c: int) -> list[tuple[int, int]]:
@@ -144,14 +144,14 @@ class _ZoneTable:
 
 
 @lru_cache(maxsize=512)
-def _zone_table(tz: str) -> _ZoneTable:
-    return _ZoneTable(_zone(tz))
+def zone_table(tz: str) -> ZoneTable:
+    return ZoneTable(_zone(tz))
 
 
 def wall_ms(instant_ms: int, tz: str) -> int:
     """The local wall-clock time of ``instant_ms`` in ``tz``, as milliseconds since
     1970-01-01T00:00 local (both passes of a repeated hour give the same wall times)."""
-    return instant_ms + _zone_table(tz).segment(instant_ms)[2]
+    return instant_ms + zone_table(tz).segment(instant_ms)[2]
 
 
 def instant_of_wall(wall: int, tz: str, *, after: int | None = None) -> int:
@@ -159,7 +159,7 @@ def instant_of_wall(wall: int, tz: str, *, after: int | None = None) -> int:
     ``tz`` shows ``wall`` or later: the first pass of a repeated time, and the end of the gap
     for a time a spring-forward skipped, as the DST policy of fixed-time schedules reads them.
     """
-    zones = _zone_table(tz)
+    zones = zone_table(tz)
     # No zone is more than 26 hours off UTC, so the clock shows less than ``wall`` here.
     t = wall - 26 * 3_600_000 if after is None else after + 1
     while True:
@@ -171,7 +171,7 @@ def instant_of_wall(wall: int, tz: str, *, after: int | None = None) -> int:
         t = end
 
 
-def _instant_ms(instant: datetime | int) -> int:
+def as_instant_ms(instant: datetime | int) -> int:
     if isinstance(instant, datetime):
         if instant.tzinfo is None or instant.utcoffset() is None:
             raise schedule_error(
@@ -179,11 +179,11 @@ def _instant_ms(instant: datetime | int) -> int:
                 f"naive datetime: {instant.isoformat()} has no time zone; "
                 "give an aware datetime or epoch milliseconds",
             )
-        ms = (instant - _EPOCH) // timedelta(milliseconds=1)
+        ms = (instant - EPOCH) // timedelta(milliseconds=1)
     elif isinstance(instant, int) and not isinstance(instant, bool):
         ms = instant
     else:
         raise TypeError(f"instant must be an aware datetime or epoch ms, not {type(instant)!r}")
-    if not _MIN_MS <= ms < _MAX_MS:
+    if not MIN_MS <= ms < MAX_MS:
         raise schedule_error("instant", f"{ms} ms is outside the supported years 1800-8999")
     return ms

@@ -7,30 +7,30 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from hrwcron.core.schedule.civil import (
-    _DAYS_IN_MONTH,
-    _MAX_YEAR,
-    _civil_from_days,
-    _days_from_civil,
-    _days_in_month,
+    DAYS_IN_MONTH,
+    MAX_YEAR,
+    civil_from_days,
+    days_from_civil,
+    days_in_month,
     schedule_error,
 )
 from hrwcron.core.schedule.fields import (
-    _ALL_DAYS,
-    _DOM,
-    _DOW,
-    _HOUR,
-    _MIN,
-    _MON,
-    _SEC,
-    _next_table,
-    _parse_field,
-    _Rule,
-    _rule_day,
+    ALL_DAYS,
+    DOM,
+    DOW,
+    HOUR,
+    MIN,
+    MON,
+    SEC,
+    Rule,
+    next_table,
+    parse_field,
+    rule_day,
 )
 
 
 @dataclass(frozen=True, slots=True)
-class _Cron:
+class Cron:
     """The compiled fields, with lookup tables so finding the next match is a few index reads."""
 
     seconds: tuple[int, ...]
@@ -39,8 +39,8 @@ class _Cron:
     months: tuple[int, ...]
     dom: frozenset[int]
     dow: frozenset[int]
-    dom_rules: tuple[_Rule, ...]
-    dow_rules: tuple[_Rule, ...]
+    dom_rules: tuple[Rule, ...]
+    dow_rules: tuple[Rule, ...]
     day_or: bool  # both day fields restricted: Vixie's OR
     all_days: bool
     first_month: int
@@ -51,13 +51,13 @@ class _Cron:
 
     def day_table(self, y: int, m: int) -> tuple[int, ...]:
         """Next matching day of month >= d (index d), or -1, for year y month m."""
-        dim = _days_in_month(y, m)
+        dim = days_in_month(y, m)
         if self.all_days:
-            return _ALL_DAYS[dim]
+            return ALL_DAYS[dim]
         key = y * 16 + m
         table = self.days.get(key)
         if table is None:
-            first = (_days_from_civil(y, m, 1) + 4) % 7  # 1970-01-01 was a Thursday; Sunday = 0
+            first = (days_from_civil(y, m, 1) + 4) % 7  # 1970-01-01 was a Thursday; Sunday = 0
             table = self.month_table(dim, first)
             if len(self.days) >= 512:
                 self.days.clear()
@@ -69,15 +69,15 @@ class _Cron:
         key = dim * 8 + first
         table = self.shapes.get(key)
         if table is None:
-            table = _next_table(self.month_days(dim, first), 33)
+            table = next_table(self.month_days(dim, first), 33)
             self.shapes[key] = table
         return table
 
     def month_days(self, dim: int, first: int) -> frozenset[int]:
         in_dom = {d for d in self.dom if d <= dim}
-        in_dom.update(_rule_day(rule, dim, first) for rule in self.dom_rules)
+        in_dom.update(rule_day(rule, dim, first) for rule in self.dom_rules)
         in_dow = {d for d in range(1, dim + 1) if (first + d - 1) % 7 in self.dow}
-        in_dow.update(_rule_day(rule, dim, first) for rule in self.dow_rules)
+        in_dow.update(rule_day(rule, dim, first) for rule in self.dow_rules)
         days = in_dom | in_dow if self.day_or else in_dom & in_dow
         days.discard(0)
         return frozenset(days)
@@ -88,7 +88,7 @@ class _Cron:
         return any(
             self.month_table(dim, first)[1] > 0
             for m in sorted(months)
-            for dim in ((28, 29) if m == 2 else (_DAYS_IN_MONTH[m],))
+            for dim in ((28, 29) if m == 2 else (DAYS_IN_MONTH[m],))
             for first in range(7)
         )
 
@@ -129,9 +129,9 @@ class _Cron:
         days, rem = divmod(sec, 86_400)
         h, rem = divmod(rem, 3_600)
         mi, s = divmod(rem, 60)
-        y, mo, d = _civil_from_days(days)
+        y, mo, d = civil_from_days(days)
         nsec, nmin, nhour, nmon = self.seconds, self.minutes, self.hours, self.months
-        while y <= _MAX_YEAR:
+        while y <= MAX_YEAR:
             m2 = nmon[mo]
             if m2 != mo:
                 if m2 < 0:
@@ -162,7 +162,7 @@ class _Cron:
             if s2 < 0:
                 mi, s = mi + 1, 0
                 continue
-            return _days_from_civil(y, mo, d) * 86_400 + h * 3_600 + mi * 60 + s2
+            return days_from_civil(y, mo, d) * 86_400 + h * 3_600 + mi * 60 + s2
         return None
 
 
@@ -183,23 +183,23 @@ def _gap_table(table: tuple[int, ...], size: int) -> tuple[int, ...]:
     return tuple(gaps)
 
 
-def _compile(fields: list[str], job: str | None) -> _Cron:
+def compile_cron(fields: list[str], job: str | None) -> Cron:
     sec, minute, hour, dom_text, month, dow_text = fields
-    seconds, _ = _parse_field(sec, _SEC, job)
-    minutes, _ = _parse_field(minute, _MIN, job)
-    hours, _ = _parse_field(hour, _HOUR, job)
-    dom, dom_rules = _parse_field(dom_text, _DOM, job)
-    months, _ = _parse_field(month, _MON, job)
-    dow, dow_rules = _parse_field(dow_text, _DOW, job)
+    seconds, _ = parse_field(sec, SEC, job)
+    minutes, _ = parse_field(minute, MIN, job)
+    hours, _ = parse_field(hour, HOUR, job)
+    dom, dom_rules = parse_field(dom_text, DOM, job)
+    months, _ = parse_field(month, MON, job)
+    dow, dow_rules = parse_field(dow_text, DOW, job)
     # '?' is Quartz's way of writing '*': it leaves its day field unrestricted.
     dom_star = dom_text.startswith("*") or dom_text == "?"
     dow_star = dow_text.startswith("*") or dow_text == "?"
     day_or = not dom_star and not dow_star
-    cron = _Cron(
-        seconds=_next_table(seconds, 60),
-        minutes=_next_table(minutes, 60),
-        hours=_next_table(hours, 24),
-        months=_next_table(months, 13),
+    cron = Cron(
+        seconds=next_table(seconds, 60),
+        minutes=next_table(minutes, 60),
+        hours=next_table(hours, 24),
+        months=next_table(months, 13),
         dom=dom,
         dow=dow,
         dom_rules=dom_rules,
@@ -221,7 +221,7 @@ def _compile(fields: list[str], job: str | None) -> _Cron:
                 "day-of-month",
                 f"no day of the month(s) {month!r} matches {dom_text!r}{both}, so it never fires",
             )
-    elif not day_or and not any(d <= _DAYS_IN_MONTH[m] for m in months for d in dom):
+    elif not day_or and not any(d <= DAYS_IN_MONTH[m] for m in months for d in dom):
         raise schedule_error(
             "day-of-month",
             f"no day in {dom_text!r} exists in the month(s) {month!r}, so it never fires",
@@ -233,17 +233,17 @@ def _full(table: tuple[int, ...], size: int) -> bool:
     return all(table[v] == v for v in range(size))
 
 
-def _covers_every_instant(cron: _Cron, resolution: int) -> bool:
+def covers_every_instant(cron: Cron, resolution: int) -> bool:
     """Whether ``cron`` matches every wall time (``* * * * *``): as an exclusion it leaves
     nothing, which a search should learn in one step rather than one day at a time."""
     return (
-        _whole_span_s(cron, resolution) == 86_400
+        whole_span_s(cron, resolution) == 86_400
         and cron.all_days
         and all(cron.months[m] == m for m in range(1, 13))
     )
 
 
-def _whole_span_s(cron: _Cron, resolution: int) -> int:
+def whole_span_s(cron: Cron, resolution: int) -> int:
     """The longest unit (second, minute, hour, day) that ``cron`` covers whole wherever it
     covers one instant of it."""
     if resolution == 1 and not _full(cron.seconds, 60):

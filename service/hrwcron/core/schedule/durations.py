@@ -21,7 +21,7 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|h|m|s)")
 _UNIT_MS = {"h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
 
 
-def _duration_ms(text: str) -> Fraction:
+def duration_ms(text: str) -> Fraction:
     """Exact milliseconds in ``text``: one or more <number><unit> with units h, m, s, ms."""
     rule = "use numbers with units h, m, s or ms, e.g. 90s, 5m, 1h30m, 250ms"
     if not isinstance(text, str) or not text.strip():
@@ -36,7 +36,7 @@ def _duration_ms(text: str) -> Fraction:
 
 def parse_duration(text: str) -> float:
     """Seconds in a duration such as ``90s``, ``5m``, ``1h30m``, ``250ms``, ``1.5h``."""
-    return float(_duration_ms(text) / 1000)
+    return float(duration_ms(text) / 1000)
 
 
 def jitter_ms(job: str, jitter_seconds: float) -> int:

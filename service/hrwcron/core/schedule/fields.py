@@ -42,7 +42,7 @@ _DAY_FORMS = "L, L-n, nW and LW are day-of-month forms; nL and n#k day-of-week f
 _MAX_DIGITS = 9  # longer numbers are out of every range (and int() refuses 4301 digits)
 _HASH_FORM = re.compile(r"H(?:\(([0-9A-Z]*)-([0-9A-Z]*)\))?(?:/([0-9]*))?")
 # An item that starts with H, wherever it is; no month or weekday name starts with H.
-_HASH_ITEM = re.compile(r"(?:^|[\s,])[Hh]")
+HASH_ITEM = re.compile(r"(?:^|[\s,])[Hh]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +68,13 @@ _FIELDS = (
     _FieldSpec("month", 1, 12, 12, _MONTH_NAMES),
     _FieldSpec("day-of-week", 0, 7, 6, _DOW_NAMES),
 )
-_SEC, _MIN, _HOUR, _DOM, _MON, _DOW = _FIELDS
+SEC, MIN, HOUR, DOM, MON, DOW = _FIELDS
 _STAR: dict[str, tuple[frozenset[int], tuple[tuple[int, int, int], ...]]] = {
     spec.name: (frozenset(range(spec.lo, spec.star_hi + 1)), ()) for spec in _FIELDS
 }
 
 
-def _next_table(values: frozenset[int], size: int) -> tuple[int, ...]:
+def next_table(values: frozenset[int], size: int) -> tuple[int, ...]:
     """``table[v]`` is the smallest allowed value >= v, or -1; one slot past the end reads -1."""
     table = [-1] * (size + 1)
     nxt = -1
@@ -85,7 +85,7 @@ def _next_table(values: frozenset[int], size: int) -> tuple[int, ...]:
     return tuple(table)
 
 
-_ALL_DAYS = {dim: _next_table(frozenset(range(1, dim + 1)), 33) for dim in (28, 29, 30, 31)}
+ALL_DAYS = {dim: next_table(frozenset(range(1, dim + 1)), 33) for dim in (28, 29, 30, 31)}
 
 
 # --- day rules: days that depend on a month's length and the weekday it starts on ----------
@@ -98,10 +98,10 @@ _LAST_WEEKDAY = 2  # LW: the last weekday (Monday to Friday) of the month
 _NTH = 3  # a#b: the b-th weekday a of the month
 _LAST_OF = 4  # aL: the last weekday a of the month
 
-_Rule = tuple[int, int, int]
+Rule = tuple[int, int, int]
 
 
-def _rule_day(rule: _Rule, dim: int, first: int) -> int:
+def rule_day(rule: Rule, dim: int, first: int) -> int:
     """The day of the month ``rule`` names, or 0 when this month has none."""
     kind, a, b = rule
     if kind == _LAST:
@@ -156,7 +156,7 @@ def _value(token: str, spec: _FieldSpec, *, upper: bool = False) -> int:
     if spec.names is not None and token.lower() in spec.names:
         v = spec.names[token.lower()]
         # SAT-SUN reads as Saturday to Sunday: Sunday closing a range is 7, not 0.
-        return 7 if upper and spec is _DOW and v == 0 else v
+        return 7 if upper and spec is DOW and v == 0 else v
     kind = "a number or a name" if spec.names else "a number"
     raise schedule_error(spec.name, f"{token!r} is not {kind}{_hint(token, spec)}")
 
@@ -212,7 +212,7 @@ def _hashed(item: str, spec: _FieldSpec, job: str | None) -> range:
     return range(lo + h % min(step, span), hi + 1, step)
 
 
-def _dom_rule(item: str) -> _Rule | None:
+def _dom_rule(item: str) -> Rule | None:
     base, slash, _ = item.partition("/")
     up = base.upper()
     if up == "L":
@@ -223,55 +223,55 @@ def _dom_rule(item: str) -> _Rule | None:
         n = up[2:]
         if not (_digits(n) and len(n) <= 2 and 1 <= int(n) <= 30):
             raise schedule_error(
-                _DOM.name,
+                DOM.name,
                 f"{item!r}: L-n counts n days back from the last day, n from 1 to 30",
             )
         rule = (_LAST, int(n), 0)
     elif up.endswith("W") and _digits(up[:-1]):
-        rule = (_NEAREST, _value(up[:-1], _DOM), 0)
+        rule = (_NEAREST, _value(up[:-1], DOM), 0)
     else:
         return None
     if slash:
-        raise schedule_error(_DOM.name, f"{item!r}: a step does not apply to {base!r}")
+        raise schedule_error(DOM.name, f"{item!r}: a step does not apply to {base!r}")
     return rule
 
 
-def _dow_rule(item: str) -> _Rule | None:
+def _dow_rule(item: str) -> Rule | None:
     base, slash, _ = item.partition("/")
     up = base.upper()
     if "#" in base:
         day, _, nth = base.partition("#")
-        weekday = _value(day, _DOW) % 7
+        weekday = _value(day, DOW) % 7
         if not (_digits(nth) and len(nth) == 1 and 1 <= int(nth) <= 5):
             raise schedule_error(
-                _DOW.name, f"{item!r}: in n#k, k is from 1 to 5 (the k-th weekday n of the month)"
+                DOW.name, f"{item!r}: in n#k, k is from 1 to 5 (the k-th weekday n of the month)"
             )
         rule = (_NTH, weekday, int(nth))
     elif up == "L":
         raise schedule_error(
-            _DOW.name,
+            DOW.name,
             "'L' alone is not a day of the week: nL is the last weekday n of the month, "
             "e.g. 5L the last Friday",
         )
     elif up.endswith("L"):
-        rule = (_LAST_OF, _value(base[:-1], _DOW) % 7, 0)
+        rule = (_LAST_OF, _value(base[:-1], DOW) % 7, 0)
     elif up.startswith("L") and _digits(up[1:]):
         raise schedule_error(
-            _DOW.name, f"{item!r}: write the last weekday n of the month as nL, e.g. 5L"
+            DOW.name, f"{item!r}: write the last weekday n of the month as nL, e.g. 5L"
         )
     else:
         return None
     if slash:
-        raise schedule_error(_DOW.name, f"{item!r}: a step does not apply to {base!r}")
+        raise schedule_error(DOW.name, f"{item!r}: a step does not apply to {base!r}")
     return rule
 
 
 def _check_chars(text: str, spec: _FieldSpec) -> None:
-    day_field = spec is _DOM or spec is _DOW
+    day_field = spec is DOM or spec is DOW
     for ch in text:
         if ch.isascii() and (ch.isalnum() or ch in "*,-/()"):
             continue
-        if (ch == "#" and spec is _DOW) or (ch == "?" and day_field):
+        if (ch == "#" and spec is DOW) or (ch == "?" and day_field):
             continue
         if ch == "#":
             message = "'#' belongs in day-of-week only (n#k: the k-th weekday n of the month)"
@@ -283,11 +283,11 @@ def _check_chars(text: str, spec: _FieldSpec) -> None:
         raise schedule_error(spec.name, message)
 
 
-def _parse_field(
+def parse_field(
     text: str, spec: _FieldSpec, job: str | None
-) -> tuple[frozenset[int], tuple[_Rule, ...]]:
+) -> tuple[frozenset[int], tuple[Rule, ...]]:
     """The values a field allows, and (day fields only) the rules that depend on the month."""
-    if text == "*" or (text == "?" and (spec is _DOM or spec is _DOW)):
+    if text == "*" or (text == "?" and (spec is DOM or spec is DOW)):
         return _STAR[spec.name]  # most fields of most schedules
     _check_chars(text, spec)
     if "?" in text:
@@ -295,7 +295,7 @@ def _parse_field(
             spec.name, f"'?' stands alone for the whole field (it means '*'): {text!r}"
         )
     values: set[int] = set()
-    rules: list[_Rule] = []
+    rules: list[Rule] = []
     for item in text.split(","):
         if not item:
             raise schedule_error(spec.name, f"empty item in the list {text!r}")
@@ -303,7 +303,7 @@ def _parse_field(
             values.update(_hashed(item, spec, job))
             continue
         if not item.isdigit():  # plain numbers, the common case, are never day rules
-            rule = _dom_rule(item) if spec is _DOM else _dow_rule(item) if spec is _DOW else None
+            rule = _dom_rule(item) if spec is DOM else _dow_rule(item) if spec is DOW else None
             if rule is not None:
                 rules.append(rule)
                 continue
@@ -325,7 +325,7 @@ def _parse_field(
         # A step wider than the range keeps the range's first value only (Vixie cron, cronie
         # and croniter agree): '*/30' in hours is hour 0.
         values.update(range(lo, hi + 1, step))
-    if spec is _DOW and 7 in values:
+    if spec is DOW and 7 in values:
         values.discard(7)
         values.add(0)
     return frozenset(values), tuple(rules)

@@ -9,21 +9,21 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 
 from hrwcron.core.schedule.civil import (
-    _EPOCH,
-    _MAX_MS,
-    _MAX_YEAR,
-    _MEMO_SIZE,
-    _MIN_MS,
-    _instant_ms,
-    _zone_table,
-    _ZoneTable,
+    EPOCH,
+    MAX_MS,
+    MAX_YEAR,
+    MEMO_SIZE,
+    MIN_MS,
+    ZoneTable,
+    as_instant_ms,
     instant_of_wall,
     schedule_error,
     wall_ms,
+    zone_table,
 )
-from hrwcron.core.schedule.cron import _compile, _covers_every_instant, _Cron, _whole_span_s
-from hrwcron.core.schedule.durations import MAX_EVERY_MS, MIN_EVERY_MS, _duration_ms
-from hrwcron.core.schedule.fields import _HASH_ITEM, MACROS, MAX_EXPRESSION_LENGTH
+from hrwcron.core.schedule.cron import Cron, compile_cron, covers_every_instant, whole_span_s
+from hrwcron.core.schedule.durations import MAX_EVERY_MS, MIN_EVERY_MS, duration_ms
+from hrwcron.core.schedule.fields import HASH_ITEM, MACROS, MAX_EXPRESSION_LENGTH
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,9 @@ class Schedule:
     # The job whose name H hashes; None when the expression has no H, so that every job with
     # the same plain expression shares one Schedule.
     job: str | None = None
-    _cron: _Cron | None = field(default=None, compare=False, repr=False)
+    _cron: Cron | None = field(default=None, compare=False, repr=False)
     _every_ms: int = field(default=0, compare=False, repr=False)
-    _zones: _ZoneTable | None = field(default=None, compare=False, repr=False)
+    _zones: ZoneTable | None = field(default=None, compare=False, repr=False)
     _memo: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
     # ``@at``: the one due instant.
     _at_ms: int | None = field(default=None, compare=False, repr=False)
@@ -89,7 +89,7 @@ class Schedule:
         stretch at once instead of unit by unit. An expression that matches every wall time
         covers up to the end of the supported years."""
         if self._covers_all:
-            return _MAX_MS
+            return MAX_MS
         cron = self._cron
         assert cron is not None
         unit = cron.covered_run_end(wall_ms(instant, self.tz) // 1000, self._span_s)
@@ -110,23 +110,23 @@ class Schedule:
 
     def next_after(self, instant: datetime | int) -> int:
         """The first due instant (epoch ms) strictly after ``instant``."""
-        t = _instant_ms(instant)
+        t = as_instant_ms(instant)
         found = self._memo.get(t)
         if found is None:
             nxt = self._next(t)
             if nxt is None:
                 raise schedule_error(
-                    "expression", f"{self.expr!r} has no due time before {_MAX_YEAR}"
+                    "expression", f"{self.expr!r} has no due time before {MAX_YEAR}"
                 )
             found = nxt
-            if len(self._memo) >= _MEMO_SIZE:
+            if len(self._memo) >= MEMO_SIZE:
                 self._memo.clear()
             self._memo[t] = found
         return found
 
     def due_between(self, start: datetime | int, end: datetime | int) -> list[int]:
         """Due instants ``d`` with ``start < d <= end``, ascending."""
-        lo, hi = _instant_ms(start), _instant_ms(end)
+        lo, hi = as_instant_ms(start), as_instant_ms(end)
         if self._every_ms:
             step = self._every_ms
             return list(range((lo // step + 1) * step, hi + 1, step))
@@ -141,7 +141,7 @@ class Schedule:
 
     def iter_after(self, instant: datetime | int) -> Iterator[int]:
         """Due instants strictly after ``instant``, ascending, lazily."""
-        t = _instant_ms(instant)
+        t = as_instant_ms(instant)
         while True:
             nxt = self._next(t)
             if nxt is None:
@@ -183,7 +183,7 @@ class Schedule:
 
 @lru_cache(maxsize=4096)
 def _uses_hash(expr: str) -> bool:
-    return _HASH_ITEM.search(expr) is not None
+    return HASH_ITEM.search(expr) is not None
 
 
 @lru_cache(maxsize=4096)
@@ -193,7 +193,7 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
             "expression",
             f"is {len(expr)} characters long; a schedule is at most {MAX_EXPRESSION_LENGTH}",
         )
-    zones = _zone_table(tz)
+    zones = zone_table(tz)
     text = expr.strip()
     if not text:
         raise schedule_error("expression", "empty cron expression")
@@ -202,7 +202,7 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
     if head == "@every":
         if len(parts) != 2:
             raise schedule_error("duration", "@every takes one duration, e.g. '@every 90s'")
-        ms = _duration_ms(parts[1])
+        ms = duration_ms(parts[1])
         if ms.denominator != 1:
             raise schedule_error("duration", f"{parts[1]!r} is not a whole number of milliseconds")
         if ms < MIN_EVERY_MS:
@@ -240,7 +240,7 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
             f"expected 5 fields (minute hour day-of-month month day-of-week) or 6 with the "
             f"second first, got {len(parts)} in {text!r}",
         )
-    cron = _compile(parts, job)
+    cron = compile_cron(parts, job)
     fixed = not parts[1].startswith("*") and not parts[2].startswith("*")
     return Schedule(
         expr,
@@ -250,8 +250,8 @@ def _parse(expr: str, tz: str, job: str | None) -> Schedule:
         _cron=cron,
         _zones=zones,
         _resolution_s=resolution,
-        _span_s=_whole_span_s(cron, resolution),
-        _covers_all=_covers_every_instant(cron, resolution),
+        _span_s=whole_span_s(cron, resolution),
+        _covers_all=covers_every_instant(cron, resolution),
     )
 
 
@@ -269,12 +269,12 @@ def _at_instant(text: str, tz: str) -> int:
     if when.microsecond % 1000:
         raise schedule_error("@at", f"{text!r} is more precise than a millisecond")
     if when.tzinfo is not None:
-        ms = (when - _EPOCH) // timedelta(milliseconds=1)
+        ms = (when - EPOCH) // timedelta(milliseconds=1)
     else:
         local = (when - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
-        if not _MIN_MS <= local < _MAX_MS:
+        if not MIN_MS <= local < MAX_MS:
             raise schedule_error("@at", f"{text!r} is outside the supported years 1800-8999")
         ms = instant_of_wall(local, tz)
-    if not _MIN_MS <= ms < _MAX_MS:
+    if not MIN_MS <= ms < MAX_MS:
         raise schedule_error("@at", f"{text!r} is outside the supported years 1800-8999")
     return ms

@@ -1,4 +1,4 @@
-"""One replica's view of the run counts of max_runs jobs (the rule is in runcount.py).
+"""One replica's view of the run counts of max_runs jobs (the rule is in core/run_limits.py).
 
 The engine asks three things of it: how many runs a job has used (None until its durable copy
 was read: the engine then fails closed and looks again), which ``Hrwcron-Run`` number a
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from hrwcron.core.runcount import RunCount, next_run, runs_done
+from hrwcron.core.run_limits import RunCount, next_run, runs_done
 from hrwcron.engine.ports import CountsPort
 
 log = logging.getLogger("hrwcron.scheduler")

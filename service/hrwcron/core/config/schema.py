@@ -13,14 +13,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from hrwcron.core import resources
 from hrwcron.core.errors import ConfigError, Problem
 from hrwcron.core.events import default_source
-from hrwcron.core.model import (
-    DEFAULT_MAX_PAYLOAD,
-    DEFAULT_SUBJECT_PREFIX,
-    MARKS_SUBJECT_PREFIX,
-    JobSpec,
-)
+from hrwcron.core.model import DEFAULT_MAX_PAYLOAD, JobSpec
 
 MASK = "***"
 ENV_PREFIX = "HRWCRON_"
@@ -142,13 +138,13 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     max_clock_skew: float = 1.0
     max_payload: int = DEFAULT_MAX_PAYLOAD
     membership_refresh: float = 1.0
-    members_bucket: str = "hrwcron_members"
-    claims_bucket: str = "hrwcron_claims"
-    jobs_bucket: str = "hrwcron_jobs"
-    runs_bucket: str = "hrwcron_runs"
-    counts_bucket: str = "hrwcron_counts"
-    stream: str = "HRWCRON_TRIGGERS"
-    subject_prefix: str = DEFAULT_SUBJECT_PREFIX
+    members_bucket: str = resources.MEMBERS_BUCKET
+    claims_bucket: str = resources.CLAIMS_BUCKET
+    jobs_bucket: str = resources.JOBS_BUCKET
+    runs_bucket: str = resources.RUNS_BUCKET
+    counts_bucket: str = resources.COUNTS_BUCKET
+    stream: str = resources.TRIGGER_STREAM
+    subject_prefix: str = resources.SUBJECT_PREFIX
     replicas: int = 1
     storage: Storage = "file"
     # Claims only stop replicas from doing the same work twice: the trigger stream's Msg-Id
@@ -188,7 +184,7 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     def marks_subject(self) -> str:
         """Where replicas announce their progress marks: core NATS, never stored; one subject
         per deployment (its members bucket), so two deployments on one account stay apart."""
-        base = f"{MARKS_SUBJECT_PREFIX}.{self.members_bucket}"
+        base = f"{resources.MARKS_SUBJECT_PREFIX}.{self.members_bucket}"
         # Holding shares, replicas rank each job among its lane's holders: their marks must
         # never reach a replica that ranks among every member (another setting, an older
         # version), which would take them for marks about jobs their owner does not hold.

@@ -1,4 +1,4 @@
-"""The durable copy of each max_runs job's run count, in a KV bucket (see runcount.py)."""
+"""The durable copy of each max_runs job's run count, in a KV bucket (see core/run_limits.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from nats.js.kv import KeyValue
 from hrwcron.adapters.jetstream.kv import conditional_put, create_only, deleted, entry_or_none
 from hrwcron.core.errors import ConflictError
 from hrwcron.core.model import encode
-from hrwcron.core.runcount import RunCount, decode_count
+from hrwcron.core.run_limits import RunCount, decode_count
 
 # Writers only ever raise a record, so a lost race is retried against the new value; a handful
 # of writers (the publisher and the job's owner) settle within a few rounds.
