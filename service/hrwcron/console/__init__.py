@@ -88,6 +88,10 @@ class Console:
         )
         self._static: dict[str, tuple[bytes, str, str]] | None = None
 
+    def close(self) -> None:
+        """Undo what building the console registered (see Lister.close)."""
+        self.lister.close()
+
     def mount(self, app: web.Application) -> None:
         self._static = _static_files()
         app.router.add_get("/", self._fleet)

@@ -145,9 +145,15 @@ class Lister:
         self._status = status
         self._telemetry = telemetry
         self.index = JobIndex(scheduler.clock.monotonic)
-        telemetry.registry.register(IndexMetrics(self.index))
+        self._metrics = IndexMetrics(self.index)
+        telemetry.registry.register(self._metrics)
         # The searches for states of jobs with windows and exclusions, shared by one build.
         self._allowance = Allowance()
+
+    def close(self) -> None:
+        """Take this index's metrics off the registry: a start that failed after building
+        the console leaves the registry as it found it for the next attempt."""
+        self._telemetry.registry.unregister(self._metrics)
 
     async def find(self, query: ListQuery) -> ListResult:
         began = time.perf_counter()

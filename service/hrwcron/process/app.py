@@ -258,6 +258,7 @@ async def _start_once(
     """One attempt; whatever it fails on, it leaves no connection, listener or task behind."""
     stores = await open_stores(config)
     http: HttpServer | None = None
+    pages: Console | None = None
     try:
         if config.scheduler.apply_jobs and config.jobs:
             await _apply_config_jobs(stores, config)
@@ -288,12 +289,13 @@ async def _start_once(
             # Up before the scheduler starts, so probes see "not ready" rather than nothing.
             client = stores.client
             source = ReplicaStatus(scheduler, telemetry, connected=lambda: client.is_connected)
+            pages = console(config, scheduler, source, telemetry, admin)
             http = HttpServer(
                 config.http.listen,
                 registry=telemetry.registry,
                 source=source,
                 status_token=config.http.status_token,
-                mounts=[console(config, scheduler, source, telemetry, admin).mount],
+                mounts=[pages.mount],
             )
             try:
                 await http.start()
@@ -311,6 +313,8 @@ async def _start_once(
     except BaseException as exc:
         if http is not None:
             await http.close()
+        if pages is not None:
+            pages.close()  # the next attempt builds its own, metrics and all
         await stores.client.close()
         problem = refused(exc, stores.hooks.refused)
         if problem is not None:
