@@ -3,18 +3,23 @@ lanes' jobs, any replica answers the admin API about any job, and ticks fire exa
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from harness import wait_for_async
-from hrwcron.admin import AdminError
+from harness.nats import http_get
+from hrwcron.admin import AdminClient, AdminError
 from hrwcron.admin.replies import ApiError
 from hrwcron.core import partitions
+from hrwcron.core.config import HttpConfig
 from hrwcron.core.model import JobSpec
+from hrwcron.process.app import start_replica
 
-from .replicas import Cluster, scheduled_dues
+from .replicas import Cluster, replica_config, scheduled_dues
 
 DEADLINE = 20.0
 NODES = ("a", "b", "c")
@@ -179,3 +184,60 @@ async def test_status_pages_through_every_job_and_adds_up_every_share(cluster: C
             after = page.next
         assert sorted(found) == names and len(found) == len(names), order
         assert found == names if order == "name" else fires == sorted(fires)
+
+
+async def test_a_console_without_the_job_shows_its_page_and_says_what_its_list_covers(
+    nats_url: str,
+) -> None:
+    """The console of a replica that does not hold a job: the job's page says where it stands
+    (asked of a holder) and when it fires next; its list says it covers this replica's share,
+    and a search for the job's full name links to its page."""
+    replicas = []
+    try:
+        for node in NODES:
+            config = msgspec.structs.replace(
+                replica_config(nats_url, node, holders=2),
+                http=HttpConfig(listen="127.0.0.1:0"),
+            )
+            replicas.append(await start_replica(config, {}))
+        by_node = {r.scheduler.node: r for r in replicas}
+        await wait_for_async(
+            lambda: all(sorted(r.scheduler.ranking_of("any")) == list(NODES) for r in replicas),
+            timeout=DEADLINE,
+            message="every replica sees the others",
+        )
+        names = [f"paged.j{i}" for i in range(12)]
+        admin = AdminClient(replicas[0].stores.client, timeout=10.0)
+        for name in names:
+            await admin.put_job(JobSpec(name=name, schedule="*/5 * * * *"))
+
+        def holders(name: str) -> list[str]:
+            return sorted(n for n, r in by_node.items() if name in r.scheduler.jobs)
+
+        await wait_for_async(
+            lambda: all(len(holders(n)) == 2 for n in names), timeout=DEADLINE, message="held"
+        )
+        name = names[0]
+        (outsider,) = [r for n, r in by_node.items() if n not in holders(name)]
+        assert outsider.http is not None
+        base = outsider.http.url
+
+        status, body = await asyncio.to_thread(http_get, f"{base}/jobs/{name}")
+        page = body.decode()
+        assert status == 200, page[:500]
+        assert "not running here" not in page
+        assert 'id="standing"' in page and "fires next" in page
+        assert any(f">{holder}<" in page for holder in holders(name)), page[:2000]
+        assert "*/5" in page or ":05:00" in page or ":00:00" in page  # its next ticks listed
+
+        status, body = await asyncio.to_thread(http_get, f"{base}/jobs?q={name}")
+        listing = body.decode()
+        assert status == 200
+        assert 'id="share"' in listing and "its share" in listing
+        assert 'id="elsewhere"' in listing and f'href="/jobs/{name}"' in listing
+        held_here = next(n for n in names if outsider.scheduler.node in holders(n))
+        status, body = await asyncio.to_thread(http_get, f"{base}/jobs?q={held_here}")
+        assert 'id="elsewhere"' not in body.decode()
+    finally:
+        for replica in replicas:
+            await replica.stop()

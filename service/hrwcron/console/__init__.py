@@ -9,11 +9,13 @@ is set; acting needs a signed-in user.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from importlib import resources
 from urllib.parse import urlsplit
 
+import msgspec
 from aiohttp import web
 
 from hrwcron.adapters.http import BadRequest, page_headers
@@ -28,7 +30,8 @@ from hrwcron.console.events import Pulses
 from hrwcron.console.fleet import FleetView
 from hrwcron.console.html import CSP, Viewer, button, e, layout, message_page
 from hrwcron.console.jobview import JobViews
-from hrwcron.console.listing import Lister, ListQuery
+from hrwcron.console.listing import Lister, ListQuery, ListResult
+from hrwcron.core.model import job_name_problem
 from hrwcron.engine.scheduler import Scheduler
 
 __all__ = ["Auth", "Console"]
@@ -78,6 +81,7 @@ class Console:
     ) -> None:
         self._s = scheduler
         self._telemetry = telemetry
+        self._admin = admin
         self.auth = auth
         self.lister = Lister(scheduler, status, telemetry)
         self.fleet = FleetView(scheduler, status, telemetry)
@@ -154,6 +158,8 @@ class Console:
             return self._refuse()
         query = ListQuery.parse(request.query)
         found = await self.lister.find(query)
+        if self._s.held_lanes is not None:
+            await self._note_share(found)
         viewer = self._viewer(request)
         now = int(self._s.clock.now_ms())
         if request.query.get("part") == "results":
@@ -161,6 +167,23 @@ class Console:
         members = sorted({*self._telemetry.live, *self._s.owned_counts})
         body = jobs_page.page_body(viewer, found, members, now)
         return self._page(viewer, "jobs", body, "jobs", "jobs", query.url())
+
+    async def _note_share(self, found: ListResult) -> None:
+        """Holding a share, the list shows this replica's jobs only: it says so, and a search
+        for the full name of a job held elsewhere links to that job's page (which asks a
+        replica that holds it)."""
+        s = self._s
+        found.share = (
+            f"This replica holds {len(s.jobs):,} jobs, its share (scheduler.holders = "
+            f"{s.settings.holders}): the list and the search cover those; a job's page shows "
+            "any job."
+        )
+        name = found.query.q
+        if not name or name in s.jobs or job_name_problem(name) is not None:
+            return
+        with contextlib.suppress(ApiError):
+            await self._admin.call("jobs.get", msgspec.json.encode({"name": name}))
+            found.elsewhere = name
 
     async def _job(self, request: web.Request) -> web.Response:
         if not self.auth.may_read(request):

@@ -112,6 +112,14 @@ def results(viewer: Viewer, found: ListResult, now_ms: int) -> str:
         )
         table = form(viewer, "/jobs/bulk", actions + table, css="bulk-form")
         table = _all_matching(viewer, q, found.total) + table
+    if found.elsewhere:
+        name = found.elsewhere
+        summary += (
+            f'<p id="elsewhere">{e(name)} is held by other replicas: '
+            f'<a href="/jobs/{e(name)}">open its page</a></p>'
+        )
+    if found.share:
+        summary += f'<p id="share" class="muted">{e(found.share)}</p>'
     return f'<section id="results" data-revision="{found.revision}">{summary}{table}{nav}</section>'
 
 

@@ -12,13 +12,15 @@ import msgspec
 
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.adapters.tick_log import Trouble
-from hrwcron.admin.api import HistoryReply, JobEntry
+from hrwcron.admin.api import HistoryReply, JobEntry, StatusReply
 from hrwcron.admin.replies import ApiError
 from hrwcron.admin.service import AdminService
 from hrwcron.admin.status import ReplicaStatus
 from hrwcron.core.errors import ScheduleError
 from hrwcron.core.explain import Explanation, explain_next, utc_offset, why_fewer
-from hrwcron.core.plan import parse_rfc3339
+from hrwcron.core.model import JobSpec
+from hrwcron.core.plan import TickPlan, parse_rfc3339
+from hrwcron.core.schedule import Schedule, jitter_ms
 from hrwcron.engine.scheduler import Scheduler
 
 NEXT_COUNT = 10
@@ -50,6 +52,20 @@ class JobView:
     history_error: str = ""
     troubles: list[Trouble] = field(default_factory=list)
     now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """What the explanation of the next ticks reads of a job, for a job held elsewhere."""
+
+    spec: JobSpec
+    plan: TickPlan
+    schedule: Schedule
+    jitter_ms: int
+
+
+def _instant(text: str | None) -> int | None:
+    return parse_rfc3339(text, "instant") if text else None
 
 
 def lateness_ms(entry: Any) -> float | None:
@@ -94,6 +110,8 @@ class JobViews:
             view.problem = view.problem or job.problem
             left = view.row.get("runs_left") if view.row else None
             self._explain(view, job, left)
+        elif found.spec is not None and s.held_lanes is not None and not view.problem:
+            await self._held_elsewhere(view, found.spec)
         try:
             request = {"name": name, "limit": HISTORY_PAGE, "before": before}
             history = await self._admin.call("history", msgspec.json.encode(request))
@@ -103,6 +121,35 @@ class JobViews:
             view.history_error = exc.message
         view.troubles = self._telemetry.tick_log.troubles(name)
         return view
+
+    async def _held_elsewhere(self, view: JobView, spec: JobSpec) -> None:
+        """Holding a share without this job: where it stands as a replica that holds it says
+        (the admin call goes there), its next ticks worked out here from its spec."""
+        request = {"name": view.name, "limit": 1}
+        try:
+            reply = await self._admin.call("status", msgspec.json.encode(request))
+        except ApiError as exc:
+            view.problem = f"no replica that holds it answered ({exc.message})"
+            return
+        assert isinstance(reply, StatusReply)
+        if not reply.jobs:
+            return
+        found = reply.jobs[0]
+        view.row = {
+            "state": found.state,
+            "next_due_ms": _instant(found.next_due),
+            "next_due": found.next_due or "",
+            "next_fire_ms": _instant(found.next_fire),
+            "runs_left": found.runs_left,
+            "max_runs": spec.max_runs,
+            "last": {"tick": found.last.tick, "seq": found.last.seq} if found.last else None,
+            "failover": found.order,
+            "owner": found.owner,
+        }
+        view.problem = found.problem
+        plan = spec.plan()
+        planned = _Planned(spec, plan, plan.schedule, jitter_ms(spec.name, spec.jitter))
+        self._explain(view, planned, found.runs_left)
 
     def _explain(self, view: JobView, job: Any, runs_left: int | None) -> None:
         spec = job.spec

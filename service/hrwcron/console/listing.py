@@ -110,6 +110,9 @@ class ListResult:
     rows: list[dict[str, Any]]
     revision: int
     took_ms: float
+    # Holding a share: what the list covers, and a job named by the search held elsewhere.
+    share: str = ""
+    elsewhere: str = ""
 
 
 class IndexMetrics(Collector):
