@@ -47,11 +47,19 @@ class Replica:
     changes: list[tuple[bool, bool]]
 
 
-def replica(node: str, members: MemoryMembers, clocks: Clocks, interval: float = 1.0) -> Replica:
+def replica(
+    node: str, members: MemoryMembers, clocks: Clocks, interval: float = 1.0, holders: int = 0
+) -> Replica:
     state, observer = State(), Seen()
     changes: list[tuple[bool, bool]] = []
     membership = Membership(
-        Settings(node_id=node, member_ttl=TTL, heartbeat_interval=interval, claim_lease=2.0),
+        Settings(
+            node_id=node,
+            member_ttl=TTL,
+            heartbeat_interval=interval,
+            claim_lease=2.0,
+            holders=holders,
+        ),
         members,
         instance=f"{node}-instance",
         observer=observer,
@@ -168,3 +176,51 @@ async def test_another_replica_writing_our_node_id_is_fatal() -> None:
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loop
+
+
+class NoSamples(MemoryMembers):
+    """A members bucket whose heartbeat writes land but whose timestamps cannot be read (a
+    server too busy to answer, or the message already expired)."""
+
+    async def stored_at(self, revision: int) -> float | None:
+        raise TimeoutError("nats: timeout")
+
+
+async def test_a_beat_that_landed_is_not_failed_for_want_of_its_clock_sample() -> None:
+    clocks = Clocks()
+    members = NoSamples(TTL, now=clocks.monotonic, server_clock=lambda: clocks.real_ms)
+    a = replica("a", members, clocks)
+    await a.membership.join()
+    before = (await members.snapshot())["a"].heartbeat
+    clocks.advance(1000)
+    await a.membership.beat()  # does not raise: the write is what a heartbeat is
+    assert (await members.snapshot())["a"].heartbeat.jobs == before.jobs
+    assert a.membership._revision > 0
+
+
+async def test_a_replica_cut_off_from_nats_keeps_its_lanes_until_it_hears_again() -> None:
+    clocks, members = shared()
+    nodes = ["a", "b", "c"]
+    fleet = {n: replica(n, members, clocks, holders=2) for n in nodes}
+    for r in fleet.values():
+        await r.membership.join()
+    a = fleet["a"].membership
+    a.view.replace_all(await members.snapshot())
+    a.refresh()
+    held = a.held
+    assert held is not None and 0 < len(held) < 8192
+    # Nothing heard for longer than a TTL, its own beats and reads included (NATS is too
+    # busy to answer): the others are not known to be gone, so it keeps what it holds.
+    clocks.advance(TTL * 1000 + 1)
+    a.refresh()
+    assert not a.ready
+    assert a.held == held
+    # Heard again, and b and c are gone by then: it takes the lanes on.
+    for gone in ("b", "c"):
+        await fleet[gone].membership.leave()
+    await a.beat()
+    a._beat_ok = a._clock.monotonic()
+    a.view.replace_all(await members.snapshot())
+    a._view_ok = a._clock.monotonic()
+    a.refresh()
+    assert a.held is not None and len(a.held) > len(held)

@@ -30,6 +30,8 @@ from hrwcron.engine.settings import Settings
 
 log = logging.getLogger("hrwcron.scheduler")
 
+# The longest pause between attempts to restart a jobs watch that keeps failing.
+WATCH_BACKOFF_S = 16.0
 # Jobs loaded at start-up live as long as the replica. Every so many of them they are moved out
 # of the cyclic garbage collector's sight (gc.freeze): otherwise each full collection walks all
 # of them, tens of milliseconds of stalled loop at 100,000 jobs.
@@ -216,6 +218,7 @@ class JobTable:
         first = task is self._watch
         if lanes is not None and len(lanes) > partitions.PARTITIONS:
             lanes = None  # every lane: one watch of the whole bucket is cheaper than filters
+        failures = 0
         while not self.stopping:
             try:
                 # The initial state read after this covers every revision up to here, even
@@ -227,6 +230,7 @@ class JobTable:
                 slices = Slices()
                 async for event in self._store.watch(lanes):
                     if event is None:
+                        failures = 0  # this one got through
                         if first and not self.loaded.is_set():
                             log.info("loaded %d jobs", len(self.jobs))
                             gc.freeze()
@@ -250,8 +254,12 @@ class JobTable:
                     if slices.count % FREEZE_EVERY == 0 and not self.loaded.is_set():
                         gc.freeze()
             except Exception as exc:
+                failures += 1
                 log.warning("jobs watch stopped (%s); restarting it", exc)
-            await asyncio.sleep(self.settings.heartbeat_interval)
+            # A server that times out watches is busy: each restart reads the lanes again, so
+            # the restarts back off (doubling, up to WATCH_BACKOFF_S) until one gets through.
+            pause = self.settings.heartbeat_interval * 2 ** max(0, failures - 1)
+            await asyncio.sleep(min(pause, WATCH_BACKOFF_S))
 
     async def guard(self) -> None:
         """Restart the jobs watch when the bucket moved on and the watch delivered nothing for

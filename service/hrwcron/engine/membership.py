@@ -120,6 +120,13 @@ class Membership:
     def ready(self) -> bool:
         return not self.not_ready_reason
 
+    def _cut_off(self) -> bool:
+        """Whether this replica's own heartbeat or membership view is older than a TTL."""
+        now = self._clock.monotonic()
+        ttl = self.settings.member_ttl
+        beat, view = self._beat_ok, self._view_ok
+        return beat is None or now - beat > ttl or view is None or now - view > ttl
+
     def refresh(self) -> None:
         """Take in a change of readiness or of the live members."""
         ready = self.ready
@@ -153,7 +160,14 @@ class Membership:
         """Recompute each lane's holders from every live member, ready or not (a replica that
         joins holds its lanes from its first heartbeat, so the others give them up at once
         instead of when it is ready), and the lanes this replica holds; True when the live
-        members changed. Firing, a lane's holders count only while they are ready."""
+        members changed. Firing, a lane's holders count only while they are ready.
+
+        While this replica cannot reach NATS itself (its heartbeat or its view is stale), the
+        members it has not heard from are not known to be gone: its lanes stay as they are
+        (it fires nothing meanwhile) instead of taking on every lane of a view that emptied,
+        which under an overloaded server is one more load of jobs for every replica."""
+        if self._live and self._cut_off():
+            return False
         live = self.view.live(self.settings.weight, list(self.settings.tags))
         if live == self._live:
             return False
@@ -301,7 +315,13 @@ class Membership:
         sent = self._clock.local_ms()
         self._revision = await self._members.beat(self.node, self.heartbeat(), self._revision)
         received = self._clock.local_ms()
-        stored = await self._members.stored_at(self._revision)
+        try:
+            stored = await self._members.stored_at(self._revision)
+        except Exception as exc:
+            # The beat landed; only its clock sample is lost (a server too busy to answer in
+            # time, or the message already expired): no reason to count the beat as failed.
+            log.debug("no clock sample from heartbeat revision %d: %s", self._revision, exc)
+            return
         if stored is not None:
             self._clock.estimator.add(ServerTime(sent, stored, received))
 

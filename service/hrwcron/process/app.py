@@ -20,7 +20,7 @@ from hrwcron.adapters.http import HttpServer
 from hrwcron.adapters.jetstream.claims import JetStreamClaims, JetStreamRuns
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
 from hrwcron.adapters.jetstream.counts_bucket import JetStreamCounts
-from hrwcron.adapters.jetstream.jobs import JetStreamJobs, has_lanes
+from hrwcron.adapters.jetstream.jobs import WATCH_SETUP_S, JetStreamJobs, has_lanes
 from hrwcron.adapters.jetstream.marks import NatsMarks
 from hrwcron.adapters.jetstream.members import JetStreamMembers
 from hrwcron.adapters.jetstream.pipeline import JetStreamPipeline
@@ -162,6 +162,7 @@ async def open_stores(config: Config, *, provision_missing: bool = True) -> Stor
                 subject_prefix=shape.subject_prefix,
                 pipeline=pipeline,
                 lanes=await has_lanes(js, shape.jobs_bucket),
+                watch_js=client.jetstream(timeout=WATCH_SETUP_S),
             ),
             runs=JetStreamRuns(await js.key_value(shape.runs_bucket)),
             triggers=JetStreamTriggers(js, shape.stream, shape.subject_prefix, pipeline),

@@ -36,6 +36,10 @@ from hrwcron.engine.ports import Covered, JobEvent, StoreUnavailable
 # Subject claims live in the claims bucket under keys that no tick claim can have: a claim key
 # starts with a job name, whose tokens never hold '='.
 SUBJECT_CLAIM = "=subject."
+# How long a watch waits for the server to set up one of its consumers: a watch of some
+# lanes of a million-job bucket takes the server seconds, longer than a request's 5 s when
+# replicas start together, and a setup given up on is work the server did for nothing.
+WATCH_SETUP_S = 30.0
 # Compare-and-set rounds a job write may lose to concurrent writers before it gives up.
 WRITE_ATTEMPTS = 8
 # Job writes of one batch that take the full path (reads, claim, job) at the same time.
@@ -97,8 +101,12 @@ class JetStreamJobs:
         pipeline: JetStreamPipeline | None = None,
         lanes: bool = True,
         covered_every: float = 5.0,
+        watch_js: JetStreamContext | None = None,
     ) -> None:
+        """``watch_js``: the context the watches set up their consumers through, with a
+        longer timeout than a request's (WATCH_SETUP_S)."""
         self._js = js
+        self._watch_js = watch_js or js
         self._kv = kv
         self._bucket = bucket
         self._claims = claims_bucket
@@ -381,7 +389,7 @@ class JetStreamJobs:
             else [f"{partitions.KEY_PREFIX}{lane}.>" for lane in sorted(lanes)]
         )
         async for entry in watch_subjects(
-            self._js, self._bucket, keys, check_every=self._covered_every, nudge=self._nudge
+            self._watch_js, self._bucket, keys, check_every=self._covered_every, nudge=self._nudge
         ):
             if entry is None:
                 yield None
