@@ -28,6 +28,11 @@ STOPPED_WITHIN = 15.0
 NATS_UP = r"^nats-server with JetStream at nats://"
 REPLICA = re.compile(r"^replica (scheduler-\d+): pid (\d+)", re.MULTILINE)
 ALL_JOINED = r"owners scheduler-0: \d+ jobs, scheduler-1: \d+ jobs, scheduler-2: \d+ jobs"
+# A trigger line: stored at, job, due instant, lateness, the replica that fired it.
+TRIGGER = re.compile(
+    r"^\d\d:\d\d:\d\d\.\d{3}  (\S+)\s+(\d\d:\d\d:\d\d\.\d{3})\s+-?\d+ ms  scheduler-\d$",
+    re.MULTILINE,
+)
 
 
 class Playground:
@@ -146,3 +151,18 @@ def test_killing_dev_kills_its_server_and_replicas(playground: Playground) -> No
         timeout=STOPPED_WITHIN,
         message="nats-server and replicas gone with their parent",
     )
+
+
+def test_each_trigger_is_printed_once_as_the_stream_stored_it(playground: Playground) -> None:
+    """Replicas started together do not know each other for their first tick, and more than
+    one may publish it: the stream keeps one, and so does what the playground prints."""
+    wait_for(
+        lambda: len(TRIGGER.findall(playground.dev.output())) >= 30,
+        timeout=DEADLINE,
+        message="30 triggers printed",
+    )
+    printed = TRIGGER.findall(playground.dev.output())
+    repeated = sorted({tick for tick in printed if printed.count(tick) > 1})
+    assert not repeated, f"printed more than once: {repeated}"
+    playground.ctrl_c()
+    playground.wait_all_gone()

@@ -14,6 +14,8 @@ import sys
 import time
 
 import msgspec
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
 
 from hrwcron.core import hrw
 from hrwcron.core.config import Config, NatsConfig
@@ -102,19 +104,29 @@ class DevRun:
                 flush=True,
             )
 
-            async def on_trigger(msg: object) -> None:
+            async def on_trigger(msg: Msg) -> None:
                 try:
-                    trigger = msgspec.json.decode(msg.data, type=TriggerMessage)  # type: ignore[attr-defined]
+                    trigger = msgspec.json.decode(msg.data, type=TriggerMessage)
                 except msgspec.MsgspecError:
                     return
-                late = time.time() * 1000 - trigger.due_ms
+                stamp = msg.metadata.timestamp
+                stored = stamp.timestamp() * 1000 if stamp else time.time() * 1000
                 print(
-                    f"{_stamp(time.time() * 1000)}  {trigger.job:<18} {_stamp(trigger.due_ms)}  "
-                    f"{late:5.0f} ms  {trigger.node}",
+                    f"{_stamp(stored)}  {trigger.job:<18} {_stamp(trigger.due_ms)}  "
+                    f"{stored - trigger.due_ms:5.0f} ms  {trigger.node}",
                     flush=True,
                 )
 
-            await stores.client.subscribe(f"{config.scheduler.subject_prefix}.>", cb=on_trigger)
+            # What the stream stored, as a worker gets it: a publish the stream refused (a
+            # repeat while replicas start together and do not know each other yet) is not a
+            # trigger, though a plain subscription on the subjects would print it too.
+            await stores.client.jetstream().subscribe(
+                f"{config.scheduler.subject_prefix}.>",
+                stream=config.scheduler.stream,
+                cb=on_trigger,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+            )
             watcher = asyncio.create_task(self._watch_members(stores.members))
             await stop.wait()
         finally:
