@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
+from nats.js.errors import NoStreamResponseError
 from nats.js.kv import KeyValue
 
 from hrwcron.adapters.jetstream.kv import (
@@ -40,6 +43,8 @@ SUBJECT_CLAIM = "=subject."
 # lanes of a million-job bucket takes the server seconds, longer than a request's 5 s when
 # replicas start together, and a setup given up on is work the server did for nothing.
 WATCH_SETUP_S = 30.0
+# How long the layout marker of a new bucket is tried while the bucket elects its leader.
+MARK_WAIT_S = 15.0
 # Compare-and-set rounds a job write may lose to concurrent writers before it gives up.
 WRITE_ATTEMPTS = 8
 # Job writes of one batch that take the full path (reads, claim, job) at the same time.
@@ -450,8 +455,21 @@ async def has_lanes(js: JetStreamContext, bucket: str) -> bool:
 
 
 async def mark_lanes(js: JetStreamContext, bucket: str) -> None:
-    """Write the layout marker (once: a marker already there stays as it is)."""
-    await create_only(js, bucket, partitions.LAYOUT_KEY, partitions.LAYOUT)
+    """Write the layout marker (once: a marker already there stays as it is). Right after
+    the bucket was created, a replicated one may have no leader yet to answer: the write is
+    tried again for a while (MARK_WAIT_S) rather than failing the provisioning."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + MARK_WAIT_S
+    pause = 0.05
+    while True:
+        try:
+            await create_only(js, bucket, partitions.LAYOUT_KEY, partitions.LAYOUT)
+            return
+        except (NoStreamResponseError, NoRespondersError, NatsTimeoutError):
+            if loop.time() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
 
 
 T = TypeVar("T")
