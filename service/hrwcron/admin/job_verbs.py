@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import heapq
 import logging
 
 import msgspec
@@ -31,6 +30,7 @@ from hrwcron.admin.replies import (
     behind,
     check_name,
     job_entry,
+    merged_page,
     prefix_range,
     stale,
     subject_taken,
@@ -99,22 +99,12 @@ class JobVerbs(ServiceContext):
         asked = msgspec.structs.replace(request, share=True)
         pages = await self._ask_every_member("jobs.list", asked, JobList)
         total = sum(page.total for page in pages)
-        short = [page.jobs[-1].name for page in pages if page.next and page.jobs]
-        upto = min(short) if short else None
-        merged = heapq.merge(*(page.jobs for page in pages), key=lambda entry: entry.name)
-        page = self._page(request.max_bytes, JobList(jobs=[], total=total))
-        entries: list[JobEntry] = []
-        more = False
-        for entry in merged:
-            if (upto is not None and entry.name > upto) or len(entries) == request.limit:
-                more = True
-                break
-            if not page.fits(entry, first=not entries):
-                more = True
-                break
-            entries.append(entry)
-        more = more or upto is not None
-        return JobList(jobs=entries, next=entries[-1].name if more and entries else "", total=total)
+        shares = [([(e.name, e.name, e) for e in page.jobs], bool(page.next)) for page in pages]
+        envelope = JobList(jobs=[], total=total)
+        envelope.jobs, envelope.next = merged_page(
+            shares, self._page(request.max_bytes, envelope), request.limit
+        )
+        return envelope
 
     def _listed_names(self) -> list[str]:
         """The names this replica lists for a merged page: its held jobs of the lanes it is

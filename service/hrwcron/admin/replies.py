@@ -4,8 +4,9 @@ the helpers that build refusals, the page budget of listings, and the error repl
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -142,6 +143,42 @@ class Page:
             return False
         self.used += size
         return True
+
+
+P = TypeVar("P")
+E = TypeVar("E", bound=msgspec.Struct)
+
+
+def merged_page(
+    shares: Sequence[tuple[Sequence[tuple[P, str, E]], bool]], page: Page, limit: int
+) -> tuple[list[E], str]:
+    """One page from the members' pages of their shares: each a list of (position, cursor,
+    entry) in page order and whether it stopped short. The page stops at the last position of
+    a member that stopped short (so the next page misses nothing of it), at ``limit`` entries
+    or when ``page`` is full. Returns the entries and the cursor of the next page, empty when
+    this is the last."""
+    ends = [items[-1][0] for items, short in shares if short and items]
+    upto = min(ends) if ends else None  # type: ignore[type-var]
+    entries: list[E] = []
+    more = upto is not None
+    last = ""
+    for position, cursor, entry in heapq.merge(*(items for items, _ in shares), key=_position):
+        if cursor == last:
+            continue  # listed by two members while the members changed
+        if (
+            (upto is not None and position > upto)  # type: ignore[operator]
+            or len(entries) == limit
+            or not page.fits(entry, first=not entries)
+        ):
+            more = True
+            break
+        entries.append(entry)
+        last = cursor
+    return entries, last if more else ""
+
+
+def _position(item: tuple[Any, str, Any]) -> Any:
+    return item[0]
 
 
 def error_reply(body: ErrorBody, limit: int) -> bytes:

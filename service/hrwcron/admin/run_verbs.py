@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import uuid
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from hrwcron.admin.replies import (
     bad,
     check_name,
     epoch_ms,
+    merged_page,
 )
 from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.model import TriggerMessage
@@ -303,8 +303,6 @@ class RunVerbs(ServiceContext):
         asked = msgspec.structs.replace(request, share=True)
         replies = await self._ask_every_member("status", asked, StatusReply)
         key: Callable[[str], Any] = parse_due_cursor if request.order == "due" else str
-        short = [key(r.cursors[-1]) for r in replies if r.truncated and r.cursors]
-        upto = min(short) if short else None
         scheduler = self._scheduler
         reply = StatusReply(
             node=scheduler.node,
@@ -317,29 +315,14 @@ class RunVerbs(ServiceContext):
             truncated=False,
             summary=add_summaries(r.summary for r in replies),
         )
-        page = self._page(request.max_bytes, reply)
-        merged = heapq.merge(
-            *(
-                [(key(cursor), cursor, job) for cursor, job in zip(r.cursors, r.jobs, strict=True)]
-                for r in replies
-            ),
-            key=lambda item: item[0],
+        shares = [
+            (list(zip(map(key, r.cursors), r.cursors, r.jobs, strict=True)), r.truncated)
+            for r in replies
+        ]
+        reply.jobs, reply.next = merged_page(
+            shares, self._page(request.max_bytes, reply), request.limit
         )
-        more = upto is not None
-        last = ""
-        for position, cursor, job in merged:
-            if cursor == last:
-                continue  # listed by two members while the members changed
-            if (upto is not None and position > upto) or len(reply.jobs) == request.limit:
-                more = True
-                break
-            if not page.fits(job, first=not reply.jobs):
-                more = True
-                break
-            reply.jobs.append(job)
-            last = cursor
-        reply.truncated = more
-        reply.next = last if more else ""
+        reply.truncated = bool(reply.next)
         return reply
 
     def _member_statuses(self) -> list[MemberStatus]:

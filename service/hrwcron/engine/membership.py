@@ -95,14 +95,13 @@ class Membership:
     def not_ready_reason(self) -> str:
         """Empty when this replica may claim; otherwise why it must not (fail closed)."""
         now = self._clock.monotonic()
-        ttl = self.settings.member_ttl
         if self.fatal is not None:
             return f"fatal: {self.fatal}"
         if self._state.stopping:
             return "stopping"
-        if self._beat_ok is None or now - self._beat_ok > ttl:
+        if self._stale(self._beat_ok, now):
             return "heartbeat is not reaching NATS"
-        if self._view_ok is None or now - self._view_ok > ttl:
+        if self._stale(self._view_ok, now):
             return "membership view is stale"
         if self._state.loading:
             return "loading jobs and trigger history"
@@ -120,12 +119,14 @@ class Membership:
     def ready(self) -> bool:
         return not self.not_ready_reason
 
+    def _stale(self, last_ok: float | None, now: float) -> bool:
+        """Whether a heartbeat or a view read last succeeded more than a member TTL ago."""
+        return last_ok is None or now - last_ok > self.settings.member_ttl
+
     def _cut_off(self) -> bool:
-        """Whether this replica's own heartbeat or membership view is older than a TTL."""
+        """Whether this replica's own heartbeat or membership view is stale."""
         now = self._clock.monotonic()
-        ttl = self.settings.member_ttl
-        beat, view = self._beat_ok, self._view_ok
-        return beat is None or now - beat > ttl or view is None or now - view > ttl
+        return self._stale(self._beat_ok, now) or self._stale(self._view_ok, now)
 
     def refresh(self) -> None:
         """Take in a change of readiness or of the live members."""

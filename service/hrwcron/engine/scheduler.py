@@ -401,29 +401,32 @@ class Scheduler:
             self._ticks.owned_dirty.clear()
             if self.settings.holders > 0:
                 await self._count_owned_in_lanes()
-                await asyncio.sleep(1.0)
-                continue
-            candidates = self._membership.candidates
-            plain = [c.node for c in candidates] if all(c.weight == 1.0 for c in candidates) else []
-            owners: collections.Counter[str] = collections.Counter()
-            jobs = list(self.jobs.values())
-            for start in range(0, len(jobs), 500):
-                chunk = jobs[start : start + 500]
-                untagged = [j.spec.name for j in chunk if not j.spec.tags] if plain else []
-                if untagged:
-                    owners.update(hrw.owners(untagged, plain).values())
-                for job in chunk:
-                    if plain and not job.spec.tags:
-                        continue
-                    order = ranking(job.spec.name, job.spec.tags, candidates)
-                    if order:
-                        owners[order[0]] += 1
-                await asyncio.sleep(0)
-            self.owned_counts = dict(owners)
-            self.counted_jobs = len(jobs)
-            self.listed_owned_counts, self.listed_jobs = self.owned_counts, self.counted_jobs
-            self._observer.owned(owners[self.node])
+            else:
+                await self._count_owned_by_ranking()
             await asyncio.sleep(1.0)  # coalesce bursts of changes into one recount
+
+    async def _count_owned_by_ranking(self) -> None:
+        """Every job held: its owner is the first of its ranking over the ready members."""
+        candidates = self._membership.candidates
+        plain = [c.node for c in candidates] if all(c.weight == 1.0 for c in candidates) else []
+        owners: collections.Counter[str] = collections.Counter()
+        jobs = list(self.jobs.values())
+        for start in range(0, len(jobs), 500):
+            chunk = jobs[start : start + 500]
+            untagged = [j.spec.name for j in chunk if not j.spec.tags] if plain else []
+            if untagged:
+                owners.update(hrw.owners(untagged, plain).values())
+            for job in chunk:
+                if plain and not job.spec.tags:
+                    continue
+                order = ranking(job.spec.name, job.spec.tags, candidates)
+                if order:
+                    owners[order[0]] += 1
+            await asyncio.sleep(0)
+        self.owned_counts = dict(owners)
+        self.counted_jobs = len(jobs)
+        self.listed_owned_counts, self.listed_jobs = self.owned_counts, self.counted_jobs
+        self._observer.owned(owners[self.node])
 
     async def _count_owned_in_lanes(self) -> None:
         """Holding a share: the owner of each held job is the first ready holder of its lane,
