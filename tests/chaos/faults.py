@@ -32,6 +32,7 @@ from harness import NatsCluster, TcpProxy, find_libfaketime, wait_for_async
 from harness.ackjournal import ACK_JOURNAL_ENV, Ack, read_journals
 from harness.ackjournal import script_path as ackjournal_script
 from harness.chaos import ReplicaFleet, now_ms, wait_until_ms
+from harness.clock_files import write_clock
 from harness.timings import SHIPPED
 from harness.timings import Timings as ProtocolTimings
 
@@ -90,15 +91,6 @@ def clock_file_env(path: Path) -> dict[str, str]:
         "FAKETIME_NO_CACHE": "1",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
     }
-
-
-def write_clock(path: Path, offset_s: float | str) -> None:
-    """Set the offset a clock file holds. Replaced, not rewritten: libfaketime reads the file
-    on every clock reading and must never see it empty or half written."""
-    text = offset_s if isinstance(offset_s, str) else f"{offset_s:+g}"
-    temporary = path.with_suffix(".new")
-    temporary.write_text(text + "\n")
-    os.replace(temporary, path)
 
 
 def reap_faketime(pids: Iterable[int]) -> None:

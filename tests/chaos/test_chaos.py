@@ -77,6 +77,7 @@ from .faults import (
 from .jobmix import describe
 from .power_cuts import POWER_KINDS, make_power_fault
 from .routes import ROUTE_KINDS, make_route_fault
+from .server_clocks import SERVER_CLOCK, server_clock_maker
 from .world import Run, chaos_world, judged, replicas_lost, rode_out, tracebacks_in_full
 
 BOUNDED_SEED = 7
@@ -386,7 +387,8 @@ async def test_long_chaos(
     # Power faults need FUSE; without it the run goes on with every other fault and says so.
     no_power = fuse_unavailable()
     power_sync = None if no_power else chaos_sync
-    kinds = (*ALL_KINDS, *ROUTE_KINDS) if no_power else (*ALL_KINDS, *ROUTE_KINDS, *POWER_KINDS)
+    kinds = (*ALL_KINDS, *ROUTE_KINDS, SERVER_CLOCK)
+    kinds += () if no_power else POWER_KINDS
     makers: dict[str, Maker] = dict.fromkeys(ROUTE_KINDS, make_route_fault)
     if not no_power:
         makers |= dict.fromkeys(POWER_KINDS, make_power_fault)
@@ -401,9 +403,10 @@ async def test_long_chaos(
             span_s=span,
             route_links=True,
             holders=chaos_holders,
+            server_clocks=True,
         ) as run:
             schedule = Schedule(run.world, rng, kinds, max_active=4, gap_s=(0.3, 3.0))
-            schedule.makers = makers
+            schedule.makers = makers | {SERVER_CLOCK: server_clock_maker(run.client)}
             if chaos_warmup > 0:
                 await hold(chaos_warmup, "work before the first fault")
             await schedule.tour()  # every kind at least once, whatever the duration

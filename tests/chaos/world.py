@@ -62,18 +62,31 @@ async def chaos_world(
     span_s: float = 120.0,
     route_links: bool = False,
     holders: int = 0,
+    server_clocks: bool = False,
 ) -> AsyncIterator[Run]:
     """With ``power_sync`` (``always``, ``default``), every NATS node's store is on a powerfs
     mount with that sync_interval, and the replicas keep an ack journal. With ``route_links``
-    the servers' routes go through forwarders (for the faults in ``routes.py``). The jobs'
+    the servers' routes go through forwarders (for the faults in ``routes.py``); with
+    ``server_clocks`` each server's wall clock can be moved (``server_clocks.py``). The jobs'
     windows and one-time instants are spread over ``span_s``, about how long the run lasts."""
     cluster: NatsCluster
     base = tmp_path / "cluster"
     if power_sync is None:
-        cluster = NatsCluster(3, base_dir=base, no_advertise=True, route_links=route_links)
+        cluster = NatsCluster(
+            3,
+            base_dir=base,
+            no_advertise=True,
+            route_links=route_links,
+            server_clocks=server_clocks,
+        )
     else:
         cluster = PowerCluster(
-            3, sync=power_sync, base_dir=base, no_advertise=True, route_links=route_links
+            3,
+            sync=power_sync,
+            base_dir=base,
+            no_advertise=True,
+            route_links=route_links,
+            server_clocks=server_clocks,
         )
     await asyncio.to_thread(cluster.start)
     journal = power_sync is not None

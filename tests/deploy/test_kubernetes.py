@@ -15,7 +15,7 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from hrwcron.cli import build_parser
-from hrwcron.core.config import load_config
+from hrwcron.core.config import SchedulerConfig, load_config
 
 from .dockerfile import parse as parse_dockerfile
 
@@ -95,8 +95,13 @@ def test_deployment_shape() -> None:
     assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert main[probe]["httpGet"]["port"] in ports
+    # Liveness waits for a start that rides out an election for its whole bound, and more.
+    startup = main["startupProbe"]
+    assert startup["httpGet"]["path"] == "/healthz"
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    assert budget >= 2 * SchedulerConfig().startup_timeout, budget
     assert main["resources"]["requests"] and main["resources"]["limits"]["memory"]
     security = main["securityContext"]
     assert security["readOnlyRootFilesystem"] is True

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from hrwcron.process.children import die_with_parent
 
+from .clock_files import shifted_command, write_clock
 from .links import LinkNet
 from .procs import forget_child, register_child
 from .rundir import KEEP_DIRS_ENV, run_dir
@@ -152,8 +153,12 @@ class NatsServer:
         extra_args: Sequence[str] = (),
         base_dir: str | os.PathLike[str] | None = None,
         start_timeout: float = 15.0,
+        clock_file: Path | None = None,
     ) -> None:
         self.config_text = config_text
+        # With a clock file, the server's wall clock follows the offset it holds
+        # (clock_files.py); signals then go to the process group, tracer and server alike.
+        self.clock_file = clock_file
         self.name = name
         self.monitor = monitor
         self.jetstream = jetstream
@@ -248,7 +253,8 @@ class NatsServer:
             args += ["--cluster_name", self.cluster_name or "hrwcron-test"]
             if self.routes:
                 args += ["--routes", ",".join(self.routes)]
-        return args + self.extra_args
+        args += self.extra_args
+        return args if self.clock_file is None else shifted_command(self.clock_file, args)
 
     def launch(self) -> None:
         """Spawn the process without waiting; pair with :meth:`wait_started`."""
@@ -365,13 +371,21 @@ class NatsServer:
         forget_child(self._proc)
         return self._proc.returncode
 
+    def _signal(self, sig: int) -> None:
+        """``sig`` to the server; under a clock tracer, to both at once, so a kill leaves no
+        server behind its tracer holding the ports, and a pause stops the server itself."""
+        if self.clock_file is None:
+            os.kill(self.pid, sig)
+        else:
+            os.killpg(self.pid, sig)
+
     def kill(self) -> int | None:
         """SIGKILL by PID: no shutdown, no flush, the crash JetStream must survive."""
         if self._proc is None:
             return None
         if self.running:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+                self._signal(signal.SIGKILL)
             self._proc.wait(timeout=10)
         self._paused = False
         forget_child(self._proc)
@@ -380,12 +394,12 @@ class NatsServer:
     def pause(self) -> None:
         """SIGSTOP: the process keeps its sockets but answers nothing, like a long GC pause."""
         if self.running:
-            os.kill(self.pid, signal.SIGSTOP)
+            self._signal(signal.SIGSTOP)
             self._paused = True
 
     def resume(self) -> None:
         if self.running:
-            os.kill(self.pid, signal.SIGCONT)
+            self._signal(signal.SIGCONT)
         self._paused = False
 
     def restart(self, timeout: float | None = None, *, graceful: bool = True) -> NatsServer:
@@ -474,6 +488,7 @@ class NatsCluster:
         start_attempts: int = 3,
         no_advertise: bool = False,
         route_links: bool = False,
+        server_clocks: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
@@ -495,6 +510,12 @@ class NatsCluster:
             tempfile.mkdtemp(prefix="cluster-", dir=run_dir()) if base_dir is None else base_dir
         )
         self.servers: list[NatsServer] = []
+        # With server_clocks each node's wall clock follows a file of its own (set_clock).
+        self.clock_files: list[Path] | None = None
+        if server_clocks:
+            clocks = self.base_dir / "clocks"
+            clocks.mkdir(parents=True, exist_ok=True)
+            self.clock_files = [clocks / name for name in self.names]
 
     @property
     def names(self) -> list[str]:
@@ -558,6 +579,7 @@ class NatsCluster:
                     extra_args=self.extra_args,
                     base_dir=self.base_dir / f"attempt{attempt}" / name,
                     start_timeout=self.start_timeout,
+                    clock_file=self.clock_files[i] if self.clock_files else None,
                 )
             )
         return servers
@@ -647,6 +669,13 @@ class NatsCluster:
         return found[0]
 
     # --- faults ------------------------------------------------------------------------
+
+    def set_clock(self, i: int, offset_s: float) -> None:
+        """Move node ``i``'s wall clock ``offset_s`` off true time while it runs (a skew, or a
+        step when it changes at once); ``0`` sets it right. Needs ``server_clocks=True``."""
+        if self.clock_files is None:
+            raise NatsServerError("this cluster was started without server_clocks=True")
+        write_clock(self.clock_files[i], offset_s)
 
     def kill(self, i: int) -> None:
         self.servers[i].kill()
