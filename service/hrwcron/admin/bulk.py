@@ -35,7 +35,7 @@ from hrwcron.engine.ports import (
     StoreRefused,
     StoreUnavailable,
 )
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 log = logging.getLogger("hrwcron.admin")
 
@@ -46,7 +46,9 @@ READS_IN_FLIGHT = 256
 class BulkPlan:
     """The answers to one bulk request as its items are checked, and what is left to write."""
 
-    def __init__(self, scheduler: Scheduler, elsewhere: dict[str, JobEvent] | None = None) -> None:
+    def __init__(
+        self, scheduler: EngineQueries, elsewhere: dict[str, JobEvent] | None = None
+    ) -> None:
         """``elsewhere``: the stored jobs of this request that other replicas hold, as read
         from the bucket (a replica holding a share knows only its own)."""
         self._scheduler = scheduler
@@ -207,7 +209,7 @@ def failed_write(name: str, error: Exception, subject_field: str) -> JobOutcome:
 
 
 async def read_elsewhere(
-    scheduler: Scheduler, jobs: JobsEditor, raws: list[msgspec.Raw], names: list[str]
+    scheduler: EngineQueries, jobs: JobsEditor, raws: list[msgspec.Raw], names: list[str]
 ) -> dict[str, JobEvent]:
     """The stored jobs a bulk request names that this replica does not hold (holding a
     share), read from the bucket a bounded number at a time."""

@@ -25,7 +25,7 @@ from hrwcron.engine.ports import (
     JobsPort,
     TriggersPort,
 )
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 R = TypeVar("R", bound=msgspec.Struct)
 
@@ -42,7 +42,7 @@ class ServiceContext:
     def __init__(
         self,
         client: Client,
-        scheduler: Scheduler,
+        scheduler: EngineQueries,
         jobs: JobsPort,
         triggers: TriggersPort,
         *,

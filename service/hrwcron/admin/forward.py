@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from hrwcron.core import partitions
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 # The verbs about one named job, and where their request names it.
 ONE_JOB = frozenset(
@@ -50,7 +50,7 @@ def job_named(verb: str, request: Any) -> tuple[str, list[str]] | None:
     return (name, []) if name else None
 
 
-def holder_for(scheduler: Scheduler, verb: str, request: Any) -> str | None:
+def holder_for(scheduler: EngineQueries, verb: str, request: Any) -> str | None:
     """The replica to send this request on to, or None to serve it here."""
     if scheduler.settings.holders <= 0:
         return None

@@ -14,7 +14,7 @@ import heapq
 from collections.abc import Iterable
 
 from hrwcron.admin.api import StatusSummary
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 # Jobs walked before the event loop gets to run ticks again.
 SLICE = 5_000
@@ -24,9 +24,9 @@ NO_DUE = 1 << 62
 DueKey = tuple[int, str]
 
 
-async def summary(scheduler: Scheduler, *, listed: bool = False) -> StatusSummary:
+async def summary(scheduler: EngineQueries, *, listed: bool = False) -> StatusSummary:
     """``listed``: of the jobs this replica lists in a status merged from every member's
-    share (Scheduler.lists), so that the members' summaries add up to the whole."""
+    share (EngineQueries.lists), so that the members' summaries add up to the whole."""
     paused = failing = count = 0
     for index, job in enumerate(list(scheduler.jobs.values())):
         if not listed or scheduler.lists(job.spec.name):
@@ -88,7 +88,7 @@ def parse_due_cursor(text: str) -> DueKey | None:
 
 
 async def by_due(
-    scheduler: Scheduler, names: Iterable[str], after: DueKey | None, limit: int
+    scheduler: EngineQueries, names: Iterable[str], after: DueKey | None, limit: int
 ) -> list[DueKey]:
     """The first ``limit`` of ``names`` in due order after ``after``: soonest firing first,
     ties by name, jobs that do not fire last."""
@@ -96,7 +96,7 @@ async def by_due(
     for index, name in enumerate(list(names)):
         job = scheduler.jobs.get(name)
         if job is not None:
-            key = (fire_of(scheduler.due_of(job), job.jitter_ms, job.spec.paused), name)
+            key = (fire_of(scheduler.due_of(name), job.jitter_ms, job.spec.paused), name)
             if after is None or key > after:
                 keys.append(key)
         if index % SLICE == SLICE - 1:

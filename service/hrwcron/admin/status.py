@@ -23,7 +23,7 @@ from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.plan import Allowance
 from hrwcron.core.ticks import format_ms
 from hrwcron.engine.pacing import Slices
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
@@ -55,7 +55,7 @@ class ReplicaStatus:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: EngineQueries,
         telemetry: Telemetry,
         connected: Callable[[], bool] | None = None,
     ) -> None:

@@ -32,7 +32,7 @@ from hrwcron.console.html import CSP, Viewer, button, e, layout, message_page
 from hrwcron.console.jobview import JobViews
 from hrwcron.console.listing import Lister, ListQuery, ListResult
 from hrwcron.core.model import job_name_problem
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 __all__ = ["Auth", "Console"]
 
@@ -73,7 +73,7 @@ def safe_next(target: str) -> str:
 class Console:
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: EngineQueries,
         status: ReplicaStatus,
         telemetry: Telemetry,
         admin: AdminService,

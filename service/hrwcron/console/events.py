@@ -17,7 +17,7 @@ import msgspec
 from aiohttp import web
 
 from hrwcron.adapters.telemetry import Telemetry
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 PULSE_S = 1.0
 # However busy the replica, a part is fetched again at most this often.
@@ -30,7 +30,7 @@ MAX_STREAMS = 100
 class Pulses:
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: EngineQueries,
         telemetry: Telemetry,
         *,
         may_read: Callable[[web.BaseRequest], bool],
@@ -72,7 +72,7 @@ class Pulses:
                         loaded.spec.paused,
                         last.seq if last else 0,
                         loaded.problem,
-                        s.due_of(loaded),
+                        s.due_of(job),
                         len(self._telemetry.tick_log.troubles(job)),
                     )
                 )

@@ -24,7 +24,7 @@ from hrwcron.admin.status import ReplicaStatus
 from hrwcron.core.errors import SearchExhausted
 from hrwcron.core.plan import Allowance
 from hrwcron.engine.pacing import Slices
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 HOUR_MS = 3_600_000
 MINUTE_MS = 60_000
@@ -88,7 +88,9 @@ class Fleet:
 
 
 class FleetView:
-    def __init__(self, scheduler: Scheduler, status: ReplicaStatus, telemetry: Telemetry) -> None:
+    def __init__(
+        self, scheduler: EngineQueries, status: ReplicaStatus, telemetry: Telemetry
+    ) -> None:
         self._s = scheduler
         self._status = status
         self._telemetry = telemetry
@@ -169,7 +171,7 @@ class FleetView:
                 await asyncio.sleep(0)
             if job.spec.paused or name not in s.jobs:
                 continue
-            due = s.due_of(job)
+            due = s.due_of(name)
             if due is None or due + job.jitter_ms > end:
                 continue  # most jobs at 100,000: nothing in the next hour, or one tick
             order = s.ranking_of(name)

@@ -21,7 +21,7 @@ from hrwcron.core.explain import Explanation, explain_next, utc_offset, why_fewe
 from hrwcron.core.model import JobSpec
 from hrwcron.core.plan import TickPlan, parse_rfc3339
 from hrwcron.core.schedule import Schedule, jitter_ms
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 NEXT_COUNT = 10
 HISTORY_PAGE = 20
@@ -81,7 +81,7 @@ def lateness_ms(entry: Any) -> float | None:
 class JobViews:
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: EngineQueries,
         status: ReplicaStatus,
         telemetry: Telemetry,
         admin: AdminService,

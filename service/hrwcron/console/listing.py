@@ -22,7 +22,7 @@ from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.status import ReplicaStatus
 from hrwcron.console.index import Facets, JobIndex, Names, every_bit, set_bits, to_mask
 from hrwcron.core.plan import Allowance
-from hrwcron.engine.scheduler import Scheduler
+from hrwcron.engine.queries import EngineQueries
 
 STATES = ("waiting", "active", "paused", "done", "ended", "bad")
 PAGE = 50
@@ -143,7 +143,9 @@ class IndexMetrics(Collector):
 
 
 class Lister:
-    def __init__(self, scheduler: Scheduler, status: ReplicaStatus, telemetry: Telemetry) -> None:
+    def __init__(
+        self, scheduler: EngineQueries, status: ReplicaStatus, telemetry: Telemetry
+    ) -> None:
         self._s = scheduler
         self._status = status
         self._telemetry = telemetry

@@ -20,7 +20,6 @@ import gc
 import logging
 import uuid
 from collections.abc import Coroutine, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from hrwcron.core import hrw
@@ -33,7 +32,7 @@ from hrwcron.engine.decisions import TickDecisions
 from hrwcron.engine.dispatch import Dispatcher
 from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import Flight
-from hrwcron.engine.jobs import Job, JobTable
+from hrwcron.engine.jobs import JobTable
 from hrwcron.engine.ledger import TriggerLedger
 from hrwcron.engine.marks import MARKS_PER_STEP, Mark, MarksHeard
 from hrwcron.engine.membership import Membership
@@ -48,6 +47,7 @@ from hrwcron.engine.ports import (
     StoreUnavailable,
     TriggersPort,
 )
+from hrwcron.engine.queries import Progress
 from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 from hrwcron.engine.timer import Timer
@@ -58,16 +58,9 @@ __all__ = ["Progress", "Scheduler", "Settings"]
 log = logging.getLogger("hrwcron.scheduler")
 
 
-@dataclass(frozen=True, slots=True)
-class Progress:
-    state: str  # see plan.lifecycle
-    next_due: int | None  # the next tick that fires
-    runs_done: int | None
-    runs_left: int | None
-
-
 class Scheduler:
-    """One replica's engine: the facade the admin service, the process and the tests use."""
+    """One replica's engine: the facade the process and the tests use; the admin service and
+    the console see it as :class:`~hrwcron.engine.queries.EngineQueries`."""
 
     def __init__(
         self,
@@ -502,7 +495,7 @@ class Scheduler:
         job = self.jobs[name]
         done = self.runs_done(name) if job.spec.max_runs is not None else None
         left = None if done is None else max(0, (job.spec.max_runs or 0) - done)
-        current = self.due_of(job)
+        current = self.due_of(name)
         due = None if job.spec.paused or left == 0 else current
         if due is not None and job.plan.excluded(due):
             due = (allowance or Allowance()).search(job.plan, due).due
@@ -515,9 +508,13 @@ class Scheduler:
         )
         return Progress(state, due, done, left)
 
-    def due_of(self, job: Job) -> int | None:
-        """The job's first unresolved tick as this replica knows it: a job left to its owner
-        is not advanced tick by tick here, so its owner's newest mark says how far it got."""
+    def due_of(self, name: str) -> int | None:
+        """The job's first unresolved tick as this replica knows it (None: not held here): a
+        job left to its owner is not advanced tick by tick here, so its owner's newest mark
+        says how far it got."""
+        job = self.jobs.get(name)
+        if job is None:
+            return None
         mark = self._ticks.parked_on(job)
         if mark is None or mark.jobs_revision < job.revision:
             return job.due
