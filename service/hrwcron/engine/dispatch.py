@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
 from hrwcron.core.model import ClaimRecord
@@ -29,6 +29,8 @@ from hrwcron.engine.flight import (
     Batch,
     Flight,
     Step,
+    T,
+    Then,
     cloudevents_headers,
     trigger_writes,
 )
@@ -165,10 +167,10 @@ class Dispatcher:
                         break
                 answered, batch.answered = batch.answered, []
                 publishes: list[Flight] = []
-                won: list[Flight] = []
                 for future in answered:
-                    flight, step = batch.pending.pop(future)
-                    self._advance(flight, step, future, batch, publishes, won)
+                    flight, step, then = batch.pending.pop(future)
+                    self._advance(flight, step, then, future, batch, publishes)
+                won, batch.won = batch.won, []
                 if won and self._failpoints:
                     for flight in won:
                         if flight.kind == "scheduled":
@@ -177,14 +179,14 @@ class Dispatcher:
                     self._pre_publish(flight, batch, publishes)
                 await self._send_publishes(publishes, batch)
                 self.start_batches()
-            for future, (flight, _) in list(batch.pending.items()):
+            for future, (flight, _, _) in list(batch.pending.items()):
                 future.cancel()
                 self._fail(flight, "no answer before the batch's deadline")
             batch.pending.clear()
         finally:
             # Cancelled (stopping): whatever is left ends as an error, and no later answer
             # can touch it.
-            for future, (flight, _) in batch.pending.items():
+            for future, (flight, _, _) in batch.pending.items():
                 future.cancel()
                 if not flight.outcome:
                     self._fail(flight, "stopped")
@@ -213,10 +215,10 @@ class Dispatcher:
                 self._resolve(flight, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER)
                 return
             job.acted = True
-            held = job.claim_seen
+            held, key = job.claim_seen, flight.claim_key
             if held is not None:
                 # Seen held by someone else before: what matters now is that claim's state.
-                self._spawn(batch, flight, Step.READ, self.claims.get(flight.claim_key))
+                self._spawn(batch, flight, Step.READ, self.claims.get(key), self._read)
                 self.reads += 1
                 return
         flight.record = ClaimRecord(
@@ -237,29 +239,32 @@ class Dispatcher:
                     "hrwcron.claim", {"hrwcron.claim.key": flight.claim_key}
                 )
         self.creates += len(flights)
-        await self._send(flights, batch, Step.CREATE, self.claims.create_many(writes))
+        await self._send(
+            flights, batch, Step.CREATE, self.claims.create_many(writes), self._created
+        )
 
     def _advance(
         self,
         flight: Flight,
         step: Step,
+        then: Then[Any] | None,
         future: asyncio.Future[Any],
         batch: Batch,
         publishes: list[Flight],
-        won: list[Flight],
     ) -> None:
         if future.cancelled():
             self._fail(flight, "cancelled")
             return
         error = future.exception()
-        if step == Step.PUBLISH:
-            self._published(flight, future, error, batch, publishes)
-            return
-        if step == Step.REJECT:
-            # Recorded on the claim or not, the trigger cannot be published: a replica that
-            # does not see the record tries once more and meets the same refusal.
-            self._resolve(flight, Outcome.REJECTED)
-            return
+        match step:
+            case Step.PUBLISH:
+                self._published(flight, future, error, batch, publishes)
+                return
+            case Step.REJECT:
+                # Recorded on the claim or not, the trigger cannot be published: a replica
+                # that does not see the record tries once more and meets the same refusal.
+                self._resolve(flight, Outcome.REJECTED)
+                return
         step_span = flight.step_span
         if step_span is not None:
             if step == Step.CREATE:
@@ -268,35 +273,49 @@ class Dispatcher:
         if error is not None:
             self._fail(flight, f"{type(error).__name__}: {error}")
             return
-        result = future.result()
-        match step:
-            case Step.CREATE if result is not None:
-                flight.revision = result
-                flight.attempt = 1
-                won.append(flight)
-            case Step.CREATE if flight.kind != "scheduled":
-                self._resolve(flight, Outcome.DUPLICATE)  # this Msg-Id was claimed before
-            case Step.CREATE:
-                self._spawn(batch, flight, Step.READ, self.claims.get(flight.claim_key))
-                self.reads += 1
-            case Step.READ:
-                self._read(flight, result, batch, publishes)
-            case Step.TAKEOVER:
-                self._taken_over(flight, result, batch, publishes)
-            case Step.RUNS:
-                self._runs_checked(flight, bool(result), batch, publishes)
-            case Step.SKIP:
-                self._resolve(flight, Outcome.SKIPPED)
-            case Step.LAST | Step.COUNT:
-                if step == Step.LAST and result is not None:
-                    self._ledger.remember(flight.job.subject, result)
-                self._prepare(flight, batch, publishes)
-            case Step.HELD:
-                if result is not None:
-                    self._ledger.remember(flight.job.subject, result)
-                # Published by the live holder: done. Not yet: wait for it, as before.
-                done = result is not None and result.watermark >= flight.due
-                self._resolve(flight, Outcome.ALREADY_CLAIMED if done else Outcome.LOCK_BUSY)
+        assert then is not None  # only a publish and a rejection are answered above
+        then(flight, future.result(), batch, publishes)
+
+    # Each continuation takes its step's answer, typed as the store gives it.
+
+    def _created(
+        self, flight: Flight, revision: int | None, batch: Batch, publishes: list[Flight]
+    ) -> None:
+        if revision is not None:
+            flight.revision = revision
+            flight.attempt = 1
+            batch.won.append(flight)
+        elif flight.kind != "scheduled":
+            self._resolve(flight, Outcome.DUPLICATE)  # this Msg-Id was claimed before
+        else:
+            self._spawn(batch, flight, Step.READ, self.claims.get(flight.claim_key), self._read)
+            self.reads += 1
+
+    def _skip_recorded(
+        self, flight: Flight, _revision: int | None, batch: Batch, publishes: list[Flight]
+    ) -> None:
+        self._resolve(flight, Outcome.SKIPPED)
+
+    def _last_read(
+        self, flight: Flight, last: LastTrigger | None, batch: Batch, publishes: list[Flight]
+    ) -> None:
+        if last is not None:
+            self._ledger.remember(flight.job.subject, last)
+        self._prepare(flight, batch, publishes)
+
+    def _count_loaded(
+        self, flight: Flight, _loaded: None, batch: Batch, publishes: list[Flight]
+    ) -> None:
+        self._prepare(flight, batch, publishes)
+
+    def _held_checked(
+        self, flight: Flight, last: LastTrigger | None, batch: Batch, publishes: list[Flight]
+    ) -> None:
+        if last is not None:
+            self._ledger.remember(flight.job.subject, last)
+        # Published by the live holder: done. Not yet: wait for it, as before.
+        done = last is not None and last.watermark >= flight.due
+        self._resolve(flight, Outcome.ALREADY_CLAIMED if done else Outcome.LOCK_BUSY)
 
     def _read(
         self,
@@ -337,7 +356,8 @@ class Dispatcher:
         if not reason:
             if self._s.quiet:
                 # Nothing follows the stream here: ask it whether the holder published.
-                self._spawn(batch, flight, Step.HELD, self._triggers.last(job.subject))
+                last = self._triggers.last(job.subject)
+                self._spawn(batch, flight, Step.HELD, last, self._held_checked)
                 return
             self._resolve(flight, Outcome.LOCK_BUSY)
             return
@@ -353,7 +373,7 @@ class Dispatcher:
             flight.span.set("hrwcron.takeover", True)
         log.info("tick %s: took over the claim of %s (%s)", flight.msg_id, record.node, reason)
         write = self.claims.replace(flight.claim_key, takeover, revision, s.claim_ttl(job))
-        self._spawn(batch, flight, Step.TAKEOVER, write)
+        self._spawn(batch, flight, Step.TAKEOVER, write, self._taken_over)
         self.replaces += 1
 
     def _taken_over(
@@ -375,7 +395,7 @@ class Dispatcher:
             and job.spec.overlap == "skip"
             and flight.attempt == 1
         ):
-            self._spawn(batch, flight, Step.RUNS, runs.running(job.spec.name))
+            self._spawn(batch, flight, Step.RUNS, runs.running(job.spec.name), self._runs_checked)
             return
         self._prepare(flight, batch, publishes)
 
@@ -385,11 +405,19 @@ class Dispatcher:
         if not running:
             self._prepare(flight, batch, publishes)
             return
-        self._resolve_claim(flight, batch, Step.SKIP, Outcome.SKIPPED)
+        self._resolve_claim(flight, batch, Step.SKIP, Outcome.SKIPPED, self._skip_recorded)
 
-    def _resolve_claim(self, flight: Flight, batch: Batch, step: Step, outcome: Outcome) -> None:
+    def _resolve_claim(
+        self,
+        flight: Flight,
+        batch: Batch,
+        step: Step,
+        outcome: Outcome,
+        then: Then[int | None] | None,
+    ) -> None:
         """Record on the claim that the tick is resolved without a trigger, so the others
-        take it as done instead of taking the claim over."""
+        take it as done instead of taking the claim over; ``then`` once it is recorded (None:
+        the step is answered in ``_advance``, whatever became of the write)."""
         s = self._s
         claim = flight.record
         assert claim is not None
@@ -403,7 +431,7 @@ class Dispatcher:
         write = self.claims.replace(
             flight.claim_key, resolved, flight.revision, s.claim_ttl(flight.job)
         )
-        self._spawn(batch, flight, step, write)
+        self._spawn(batch, flight, step, write, then)
         self.replaces += 1
 
     def _prepare(self, flight: Flight, batch: Batch, publishes: list[Flight]) -> None:
@@ -427,7 +455,7 @@ class Dispatcher:
             counter = self._counter
             name = job.spec.name
             if not counter.known(name):
-                self._spawn(batch, flight, Step.COUNT, counter.load(name))
+                self._spawn(batch, flight, Step.COUNT, counter.load(name), self._count_loaded)
                 return
             flight.run = counter.run_number(name, last.run if last else 0, max_runs, scheduled)
             if flight.run is None:
@@ -441,14 +469,15 @@ class Dispatcher:
         if not flights:
             return
         writes = trigger_writes(flights, self.node, self._clock.now_ms(), self._cloudevents)
-        await self._send(flights, batch, Step.PUBLISH, self._triggers.publish_many(writes))
+        await self._send(flights, batch, Step.PUBLISH, self._triggers.publish_many(writes), None)
 
     async def _send(
         self,
         flights: list[Flight],
         batch: Batch,
         step: Step,
-        writes: Awaitable[Sequence[asyncio.Future[Any]]],
+        writes: Awaitable[Sequence[asyncio.Future[T]]],
+        then: Then[T] | None,
     ) -> None:
         """Send one round of writes; each flight then waits for its own answer."""
         batch.sent()
@@ -459,7 +488,7 @@ class Dispatcher:
                 self._fail(flight, f"{type(exc).__name__}: {exc}")
             return
         for flight, future in zip(flights, futures, strict=True):
-            batch.wait(flight, future, step)
+            batch.wait(flight, future, step, then)
 
     def _published(
         self,
@@ -481,7 +510,7 @@ class Dispatcher:
                 self._resolve(flight, Outcome.LOCK_BUSY)
                 return
             self._ledger.forget(subject)
-            self._spawn(batch, flight, Step.LAST, self._triggers.last(subject))
+            self._spawn(batch, flight, Step.LAST, self._triggers.last(subject), self._last_read)
             return
         if isinstance(error, StoreRefused):
             if flight.step_span is not None:
@@ -490,7 +519,7 @@ class Dispatcher:
             # Sending it again cannot succeed: this tick fails, not the replica.
             s.mark_bad(flight.job, f"the server refused its trigger: {error}")
             if flight.kind == "scheduled":
-                self._resolve_claim(flight, batch, Step.REJECT, Outcome.REJECTED)
+                self._resolve_claim(flight, batch, Step.REJECT, Outcome.REJECTED, None)
             else:
                 self._resolve(flight, Outcome.REJECTED)  # its caller gives the claim back
             return
@@ -515,10 +544,11 @@ class Dispatcher:
         batch: Batch,
         flight: Flight,
         step: Step,
-        work: Coroutine[Any, Any, Any] | Awaitable[Any],
+        work: Awaitable[T],
+        then: Then[T] | None,
     ) -> None:
         batch.sent()
-        batch.wait(flight, asyncio.ensure_future(work), step)
+        batch.wait(flight, asyncio.ensure_future(work), step, then)
 
     @staticmethod
     def _end_step(flight: Flight) -> None:

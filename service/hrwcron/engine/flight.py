@@ -4,9 +4,9 @@ the trigger messages a round of publishes sends."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from hrwcron.core import events
 from hrwcron.core.model import ClaimRecord, TriggerMessage, encode
@@ -105,20 +105,32 @@ class Step(IntEnum):
     HELD = 9  # the subject's last trigger, read while a live holder has the claim
 
 
+T = TypeVar("T")
+# What a flight does next with a step's answer. The answer's type is the step's own (a claim's
+# revision, a claim read, the subject's last trigger...): ``Batch.wait`` takes the step's
+# future and its continuation together, so mypy checks at each step sent that the two agree.
+Then = Callable[[Flight, T, "Batch", list[Flight]], None]
+
+
 class Batch:
     """The answers a batch waits for, and a wake-up when some have come."""
 
-    __slots__ = ("answered", "deadline", "event", "pending", "timeout")
+    __slots__ = ("answered", "deadline", "event", "pending", "timeout", "won")
 
     def __init__(self, timeout: float) -> None:
-        self.pending: dict[asyncio.Future[Any], tuple[Flight, Step]] = {}
+        # Each answer's flight, step and continuation (None: the dispatcher handles the step
+        # itself, as it does a publish, whose errors are answers too).
+        self.pending: dict[asyncio.Future[Any], tuple[Flight, Step, Then[Any] | None]] = {}
         self.answered: list[asyncio.Future[Any]] = []
         self.event = asyncio.Event()
         self.timeout = timeout
         self.deadline = 0.0
+        self.won: list[Flight] = []  # claims won in this round, published together
 
-    def wait(self, flight: Flight, future: asyncio.Future[Any], step: Step) -> None:
-        self.pending[future] = (flight, step)
+    def wait(
+        self, flight: Flight, future: asyncio.Future[T], step: Step, then: Then[T] | None
+    ) -> None:
+        self.pending[future] = (flight, step, then)
         future.add_done_callback(self._landed)
 
     def sent(self) -> None:
