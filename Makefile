@@ -55,8 +55,8 @@ fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench
 	$(BIN)/ruff check --fix service tests bench
 
-# Debian packages some tests use (libfaketime for clock skew, chromium and chromium-driver for the
-# console in a real browser,
+# Debian packages some tests use (libfaketime for clock skew, a C compiler for the tracer that
+# moves a NATS server's clock, chromium and chromium-driver for the console in a real browser,
 # promtool from prometheus for the alert rules, fuse3 for the power-loss filesystem of the chaos
 # suite). Best effort: without root or apt the tests that need them skip with a reason. Only
 # promtool is taken from the prometheus package, unpacked into /usr/local/bin: installing the
@@ -66,6 +66,7 @@ system-deps:
 	-@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  missing=""; \
 	  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || missing="$$missing libfaketime"; \
+	  command -v cc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
 	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	  command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	  ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so' || missing="$$missing fuse3"; \

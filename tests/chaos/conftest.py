@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.clock_files import clockshift_unavailable
 from harness.evidence import keep
 
 REPORTS = Path(__file__).resolve().parent / "reports"
@@ -35,3 +36,11 @@ def pytest_runtest_makereport(
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for path in terminalreporter.config.stash.get(KEPT, []):
         terminalreporter.write_line(f"chaos evidence kept in {path}")
+
+
+@pytest.fixture
+def clockshift() -> None:
+    """Skip, with the reason, where a NATS server's clock cannot be moved (``needs_clockshift``)."""
+    reason = clockshift_unavailable()
+    if reason is not None:
+        pytest.skip(f"cannot move a NATS server's clock: {reason}")

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from harness import NatsServer, wait_for
-from harness.clock_files import shifted_command, write_clock
+from harness.clock_files import needs_clockshift, shifted_command, write_clock
 
 CHILD = """
 import sys, time
@@ -33,6 +33,7 @@ def ask(child: subprocess.Popen[str]) -> tuple[float, float]:
     return wall - time.time(), mono - time.monotonic()
 
 
+@needs_clockshift
 def test_a_program_under_clockshift_follows_the_file_on_its_wall_clock_only(
     tmp_path: Path,
 ) -> None:
@@ -54,6 +55,7 @@ def test_a_program_under_clockshift_follows_the_file_on_its_wall_clock_only(
         assert child.wait(10) == 7  # the program's exit status, through the tracer
 
 
+@needs_clockshift
 def test_a_signal_to_the_tracer_reaches_the_program(tmp_path: Path) -> None:
     command = shifted_command(tmp_path / "clock", [sys.executable, "-c", CHILD])
     with subprocess.Popen(
@@ -64,6 +66,7 @@ def test_a_signal_to_the_tracer_reaches_the_program(tmp_path: Path) -> None:
         assert child.wait(10) == 128 + signal.SIGTERM
 
 
+@needs_clockshift
 def test_a_nats_server_reports_the_time_its_clock_file_says(tmp_path: Path) -> None:
     clock = tmp_path / "clock"
     server = NatsServer(base_dir=tmp_path / "n", clock_file=clock).start()

@@ -31,6 +31,7 @@ from nats.errors import Error as NatsError
 
 from harness import NatsCluster, wait_for_async
 from harness.chaos import MISSING, ReplicaFleet, Trigger, TriggerLog, now_ms, wait_until_ms
+from harness.clock_files import needs_clockshift
 from hrwcron.core.model import Heartbeat, JobSpec
 from hrwcron.core.resources import SUBJECT_PREFIX, TRIGGER_STREAM
 from hrwcron.process.app import Stores, open_stores
@@ -139,6 +140,7 @@ def earliness(triggers: list[Trigger], receipts: Receipts) -> list[float]:
 
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
+@needs_clockshift
 async def test_replicas_never_fire_early_by_the_clock_they_follow_when_servers_disagree(
     tmp_path: Path,
 ) -> None:
@@ -247,6 +249,7 @@ BOUNDED = Timings(duplicate_window=60.0, max_lateness=15.0)
 
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
+@needs_clockshift
 async def test_the_chaos_server_clock_fault_loses_doubles_and_hastens_nothing(
     tmp_path: Path,
 ) -> None:

@@ -22,9 +22,18 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from .rundir import run_dir
 
-__all__ = ["ClockShiftUnavailable", "clockshift_binary", "shifted_command", "write_clock"]
+__all__ = [
+    "ClockShiftUnavailable",
+    "clockshift_binary",
+    "clockshift_unavailable",
+    "needs_clockshift",
+    "shifted_command",
+    "write_clock",
+]
 
 SOURCE = Path(__file__).with_name("clockshift.c")
 _lock = threading.Lock()
@@ -69,6 +78,21 @@ def clockshift_binary() -> str:
             raise ClockShiftUnavailable(f"{compiler} could not build {SOURCE}:\n{built.stderr}")
         os.replace(partial, target)
     return str(target)
+
+
+def clockshift_unavailable() -> str | None:
+    """Why a NATS server's clock cannot be moved here, or None when it can (the tracer is
+    built on the way), for a test to skip with the reason or a run to go on without."""
+    try:
+        clockshift_binary()
+    except ClockShiftUnavailable as exc:
+        return str(exc)
+    return None
+
+
+# A test that moves a server's clock: skipped, with the reason, where that cannot be done (the
+# ``clockshift`` fixture of tests/chaos/conftest.py).
+needs_clockshift = pytest.mark.usefixtures("clockshift")
 
 
 def shifted_command(clock_file: Path, command: list[str]) -> list[str]:

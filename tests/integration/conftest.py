@@ -10,10 +10,9 @@ import pytest
 from nats.aio.client import Client
 
 from harness import NatsServer
+from harness.inprocess_replicas import replica_config
 from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
 from hrwcron.process.app import open_stores
-
-from .replicas import replica_config
 
 
 @pytest.fixture

@@ -14,12 +14,11 @@ import msgspec
 import pytest
 
 from harness import wait_for_async
+from harness.inprocess_replicas import Cluster, bodies, scheduled_dues
 from hrwcron.admin import VERBS, AdminError
 from hrwcron.admin.api import ErrorReply
 from hrwcron.core.model import JobSpec
 from hrwcron.core.ticks import TickId, format_ms
-
-from .replicas import Cluster, bodies, scheduled_dues
 
 DEADLINE = 20.0
 

@@ -12,11 +12,10 @@ import xxhash
 
 from harness import NatsServer, wait_for_async
 from harness.commands import Result, hrwcron
+from harness.inprocess_replicas import Cluster
 from hrwcron.core.model import JobSpec
 from hrwcron.core.schedule import Schedule
 from hrwcron.core.ticks import format_ms
-
-from .replicas import Cluster
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.commands import Result, hrwcron
+from harness.inprocess_replicas import Cluster
 from hrwcron.core.model import JobSpec
-
-from .replicas import Cluster
 
 CORPUS = Path(__file__).resolve().parents[1] / "vectors" / "imports"
 

@@ -13,9 +13,8 @@ import pytest
 
 from harness import NatsServer, wait_for_async
 from harness.commands import hrwcron
+from harness.inprocess_replicas import Cluster
 from hrwcron.core.model import JobSpec
-
-from .replicas import Cluster
 
 MAX_PAYLOAD = 32 * 1024
 JOBS = 1_500

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from harness import wait_for_async
+from harness.inprocess_replicas import Cluster, replica_config, scheduled_dues
 from harness.nats import http_get
 from hrwcron.admin import AdminClient, AdminError
 from hrwcron.admin.replies import ApiError
@@ -18,8 +19,6 @@ from hrwcron.core import partitions
 from hrwcron.core.config import HttpConfig
 from hrwcron.core.model import JobSpec
 from hrwcron.process.app import start_replica
-
-from .replicas import Cluster, replica_config, scheduled_dues
 
 DEADLINE = 20.0
 NODES = ("a", "b", "c")

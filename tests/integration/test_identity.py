@@ -11,14 +11,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from harness import wait_for_async
+from harness.inprocess_replicas import Cluster
 from hrwcron.adapters.jetstream.jobs import SUBJECT_CLAIM, JetStreamJobs, SubjectClaim
 from hrwcron.adapters.jetstream.kv import conditional_put
 from hrwcron.admin import AdminError
 from hrwcron.core import partitions
 from hrwcron.core.errors import SubjectTakenError
 from hrwcron.core.model import JobSpec, encode
-
-from .replicas import Cluster
 
 DEADLINE = 30.0
 

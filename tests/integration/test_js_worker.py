@@ -20,12 +20,11 @@ import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_binary_event
 
 from harness import ReplicaProcess, wait_for_async
+from harness.inprocess_replicas import Cluster
 from harness.trigger_contract import ROOT, check_trigger
+from harness.worker_records import settled
 from hrwcron.core.model import JobSpec
 from hrwcron.worker import Trigger, Worker
-
-from .replicas import Cluster
-from .workers import settled
 
 EXAMPLE = ROOT / "examples" / "js-worker"
 NODE = shutil.which("node")

@@ -12,9 +12,8 @@ import pytest
 
 from harness import wait_for_async
 from harness.commands import hrwcron
+from harness.inprocess_replicas import Cluster
 from hrwcron.core.model import JobSpec
-
-from .replicas import Cluster
 
 DEADLINE = 30.0
 

@@ -25,14 +25,13 @@ import pytest
 from harness import NatsServer, wait_for_async
 from harness.chaos import ReplicaFleet, TriggerLog, now_ms, wait_until_ms
 from harness.commands import hrwcron
+from harness.inprocess_replicas import Cluster
 from hrwcron.admin import AdminClient, AdminError
 from hrwcron.core import hrw, partitions
 from hrwcron.core.model import JobSpec
 from hrwcron.core.ticks import format_ms
 from hrwcron.engine.ports import HEADER_RUN
 from hrwcron.process.app import Stores, open_stores
-
-from .replicas import Cluster
 
 STREAM = "HRWCRON_TRIGGERS"
 NODES = ["r0", "r1", "r2"]

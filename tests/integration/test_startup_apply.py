@@ -16,6 +16,7 @@ import nats
 import pytest
 
 from harness import NatsServer, wait_for_async
+from harness.inprocess_replicas import replica_config
 from hrwcron.adapters.jetstream.jobs import JetStreamJobs
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.core.config import Config
@@ -23,8 +24,6 @@ from hrwcron.core.model import JobSpec, encode
 from hrwcron.engine.jobsync import apply_at_start
 from hrwcron.engine.ports import NullObserver
 from hrwcron.process.app import Replica, start_replica
-
-from .replicas import replica_config
 
 REPLICAS = 5
 ROUNDS = 20

@@ -7,11 +7,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from harness.inprocess_replicas import replica_config
 from hrwcron.admin.service import AdminService
 from hrwcron.core.config import HttpConfig
 from hrwcron.process.app import start_replica
-
-from .replicas import replica_config
 
 
 async def test_a_start_failing_after_the_console_was_built_is_retried_and_starts(

@@ -18,12 +18,11 @@ from cloudevents.core.bindings.http import HTTPMessage, from_binary_event
 from cloudevents.v1.http import from_http
 
 from harness import wait_for_async
+from harness.inprocess_replicas import Cluster
 from harness.trigger_contract import check_trigger
 from hrwcron.core.model import JobSpec
 from hrwcron.core.ticks import format_ms
 from hrwcron.worker import Trigger, Worker
-
-from .replicas import Cluster
 
 DEADLINE = 30.0
 

@@ -14,12 +14,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from harness import wait_for_async
+from harness.inprocess_replicas import Cluster
 from hrwcron.cli.provision import migrate_jobs
 from hrwcron.core import partitions
 from hrwcron.core.model import JobSpec
 from hrwcron.core.ticks import TickId
-
-from .replicas import Cluster
 
 NODES = ("a", "b", "c")
 JOBS = [f"upgrade.j{i:02d}" for i in range(24)]

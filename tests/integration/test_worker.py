@@ -18,11 +18,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from harness import wait_for_async
+from harness.inprocess_replicas import Cluster, scheduled_dues
+from harness.worker_records import publish
 from hrwcron.core.model import JobSpec
 from hrwcron.worker import DONE, Processed, Trigger, Worker
-
-from .replicas import Cluster, scheduled_dues
-from .workers import publish
 
 DEADLINE = 20.0
 

@@ -19,6 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 
 from harness import NatsServer, TcpProxy, wait_for_async
+from harness.worker_records import STREAM, marker, publish, revision, settled
 from harness.workers import read_runs, worker_process
 from hrwcron import worker as sdk
 from hrwcron.adapters.jetstream.claims import JetStreamRuns
@@ -26,8 +27,6 @@ from hrwcron.core.errors import HrwcronError
 from hrwcron.engine.failpoints import ENV as FAILPOINTS
 from hrwcron.worker import DONE, Processed, Trigger, Worker
 from hrwcron.worker.records import tick_record_key
-
-from .workers import STREAM, marker, publish, revision, settled
 
 DEADLINE = 20.0
 

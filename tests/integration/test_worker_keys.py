@@ -23,12 +23,11 @@ from prometheus_client import CollectorRegistry
 
 from harness import wait_for_async
 from harness.commands import hrwcron
+from harness.inprocess_replicas import Cluster
+from harness.worker_records import STREAM, marker, publish
 from hrwcron.core.model import JobSpec, TriggerMessage, encode
 from hrwcron.core.ticks import format_ms
 from hrwcron.worker import DONE, Processed, Trigger, Worker
-
-from .replicas import Cluster
-from .workers import STREAM, marker, publish
 
 DEADLINE = 30.0
 PROCESSED = "hrwcron_processed"

@@ -8,12 +8,11 @@ from typing import Any
 
 import msgspec
 
+from harness.admin_calls import call
+from harness.serving import serving
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin.api import BulkResult
 from hrwcron.core.model import JobSpec
-
-from .serving import serving
-from .test_limits import call
 
 PREFIX = "hrwcron.trigger"
 

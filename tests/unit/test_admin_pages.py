@@ -8,13 +8,12 @@ import re
 
 import msgspec
 
+from harness.admin_calls import call, refusal
+from harness.serving import serving
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin import replies as admin_replies
 from hrwcron.admin.api import ErrorBody, ErrorReply, JobList, ProblemBody
 from hrwcron.core.model import JobSpec
-
-from .serving import serving
-from .test_limits import call, refusal
 
 
 def test_an_error_with_every_problem_of_a_huge_request_still_fits_one_message() -> None:

@@ -9,15 +9,14 @@ import msgspec
 import pytest
 
 from harness import wait_for_async
+from harness.admin_calls import call, refusal
+from harness.serving import engine, serving
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.api import JobList, StatusReply
 from hrwcron.admin.status import ReplicaStatus
 from hrwcron.core.model import JobSpec
-
-from .serving import engine, serving
-from .test_limits import call, refusal
 
 
 async def status(svc: object, **request: object) -> StatusReply:

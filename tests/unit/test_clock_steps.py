@@ -5,26 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.engine_parts import Clocks
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.ports import ServerTime
-
-
-class Clocks:
-    """A settable wall clock and a monotonic clock that only moves forward with real time."""
-
-    def __init__(self) -> None:
-        self.real_ms = 1_800_000_000_000.0
-        self.wall_offset_ms = 0.0
-        self.suspended_ms = 0.0  # time the monotonic clock did not count
-
-    def wall(self) -> float:
-        return self.real_ms + self.wall_offset_ms
-
-    def monotonic(self) -> float:
-        return (self.real_ms - self.suspended_ms) / 1000 - 1_700_000_000
-
-    def advance(self, ms: float) -> None:
-        self.real_ms += ms
 
 
 def synced(server_ahead_ms: float = 0.0) -> tuple[Clocks, Clock]:

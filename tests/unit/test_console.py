@@ -12,10 +12,9 @@ import aiohttp
 import pytest
 
 from harness import wait_for_async
+from harness.console_serving import PASSWORD, browser, console, csrf_of, sign_in
 from hrwcron.console.html import CSP
 from hrwcron.core.model import JobSpec
-
-from .console_serving import PASSWORD, browser, console, csrf_of, sign_in
 
 HOSTILE = '<script>document.title="pwned"</script><img src=x onerror=alert(1)>"\'&'
 SPECS = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from harness.engine_parts import Clocks, State
 from harness.observers import RecordingObserver
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs, MemoryMembers, MemoryTriggers
@@ -20,9 +21,6 @@ from hrwcron.engine.ports import JobEvent, LastTrigger
 from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 from hrwcron.engine.timer import Timer
-
-from .test_clock_steps import Clocks
-from .test_engine_membership import State
 
 
 @dataclass

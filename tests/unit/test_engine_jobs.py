@@ -5,74 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import pytest
 
 from harness import wait_for_async
+from harness.engine_parts import event, table
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs
-from hrwcron.core.errors import HrwcronError
 from hrwcron.core.model import JobSpec
-from hrwcron.engine.clock import Clock
-from hrwcron.engine.jobs import Job, JobTable
-from hrwcron.engine.ports import JobEvent, LastTrigger, NullObserver
-from hrwcron.engine.settings import Settings
-
-
-class Hooks:
-    """Records what the table told the engine; refuses to plan the jobs named in ``refuse``."""
-
-    def __init__(self) -> None:
-        self.prepared: list[str] = []
-        self.loaded_jobs: list[Job] = []
-        self.unknown: list[str] = []
-        self.removed_jobs: list[str] = []
-        self.refuse: set[str] = set()
-
-    def prepare(self, job: Job) -> None:
-        if job.spec.name in self.refuse:
-            raise HrwcronError("no tick can be planned")
-        self.prepared.append(job.spec.name)
-
-    def loaded(self, job: Job) -> None:
-        self.loaded_jobs.append(job)
-
-    def runs_unknown(self, name: str) -> None:
-        self.unknown.append(name)
-
-    def removed(self, job: Job) -> None:
-        self.removed_jobs.append(job.spec.name)
-
-
-class Spawned:
-    def __init__(self) -> None:
-        self.tasks: list[asyncio.Task[None]] = []
-
-    def __call__(self, coro: Any, name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=name)
-        self.tasks.append(task)
-        return task
-
-
-def table(
-    last: dict[str, LastTrigger] | None = None, store: MemoryJobs | None = None
-) -> tuple[JobTable, Hooks, Spawned]:
-    hooks, spawned = Hooks(), Spawned()
-    jobs = JobTable(
-        Settings(node_id="a", heartbeat_interval=0.05),
-        store or MemoryJobs(),
-        observer=NullObserver(),
-        clock=Clock(),
-        last=last or {},
-        hooks=hooks,
-        spawn=spawned,
-    )
-    return jobs, hooks, spawned
-
-
-def event(name: str, revision: int, **kwargs: Any) -> JobEvent:
-    return JobEvent(name, JobSpec(name=name, schedule="@every 1m", **kwargs), revision)
+from hrwcron.engine.ports import JobEvent, LastTrigger
 
 
 def test_a_valid_job_is_loaded_planned_and_announced() -> None:

@@ -9,6 +9,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from harness import wait_for_async
+from harness.engine_parts import Clocks, State
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryMembers
 from hrwcron.core.model import JobSpec
@@ -18,17 +19,7 @@ from hrwcron.engine.membership import Membership
 from hrwcron.engine.ports import NullObserver
 from hrwcron.engine.settings import Settings
 
-from .test_clock_steps import Clocks
-
 TTL = 3.0
-
-
-@dataclass
-class State:
-    stopping: bool = False
-    loading: bool = False
-    digest: str = "00000000000000aa"
-    job_count: int = 0
 
 
 @dataclass

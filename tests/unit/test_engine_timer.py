@@ -8,13 +8,12 @@ import asyncio
 import contextlib
 
 from harness import wait_for_async
+from harness.engine_parts import Clocks
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.core.model import JobSpec
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.jobs import Job
 from hrwcron.engine.timer import TIMER_BATCH, WAKE_SPACING_MS, Timer
-
-from .test_clock_steps import Clocks
 
 
 def job(name: str) -> Job:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from harness.serving import serving
 from hrwcron.adapters.jetstream.triggers import _last
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin.api import REQUEST_TYPES, ErrorReply, RequestProblem, decode_request
@@ -22,8 +23,6 @@ from hrwcron.core.config import ConfigFileError, parse_config
 from hrwcron.core.errors import JobSpecError, Problem
 from hrwcron.core.model import DEFAULT_MAX_PAYLOAD, JobSpec, TriggerMessage, decode_job
 from hrwcron.engine.ports import HEADER_MSG_ID, HEADER_WATERMARK
-
-from .serving import serving
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,6 +1,6 @@
 """Round trips over the corpus in tests/vectors/imports: every imported job's ``hrwcron next``
 instants (the job's TickPlan, as the command computes them) against the source read on its
-own terms by tests/unit/cron_oracle.py, which shares no code with the importers or hrwcron's
+own terms by tests/harness/cron_oracle.py, which shares no code with the importers or hrwcron's
 schedules.
 
 Where cronie or the CronJob controller and hrwcron differ on daylight saving, the tests say
@@ -23,21 +23,20 @@ import msgspec
 import pytest
 import yaml
 
-from hrwcron.core.model import JobSpec
-from hrwcron.importers import (
-    CrontabOptions,
-    KubernetesOptions,
-    read_crontab,
-    read_manifests,
-)
-
-from .cron_oracle import (
+from harness.cron_oracle import (
     Reading,
     cronie_reading,
     robfig_reading,
     transitions,
     vixie_instants,
     wall_clock_instants,
+)
+from hrwcron.core.model import JobSpec
+from hrwcron.importers import (
+    CrontabOptions,
+    KubernetesOptions,
+    read_crontab,
+    read_manifests,
 )
 
 CORPUS = Path(__file__).resolve().parents[1] / "vectors" / "imports"

@@ -5,18 +5,16 @@ nesting, time zones, trigger size. Each refusal names its field and changes noth
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import pytest
 
+from harness.admin_calls import call, refusal
+from harness.serving import serving
 from hrwcron.adapters.memory import MemoryJobs
-from hrwcron.admin import service as admin_service
 from hrwcron.admin.api import (
     REQUEST_TYPES,
-    ErrorBody,
-    ErrorReply,
     RequestProblem,
     decode_request,
 )
@@ -34,8 +32,6 @@ from hrwcron.core.model import (
 from hrwcron.core.schedule import MAX_EVERY_MS, MAX_EXPRESSION_LENGTH, Schedule
 from hrwcron.core.ticks import format_ms
 from hrwcron.process.app import check_max_payload
-
-from .serving import serving
 
 PREFIX = "hrwcron.trigger"
 
@@ -202,32 +198,6 @@ def test_a_max_payload_that_does_not_fit_the_server_is_refused_at_start() -> Non
 
 
 # --- admin replies and errors ---------------------------------------------------------------
-
-
-class _Request:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        # The message behind it: replicas answer only on an inbox.
-        self._msg = SimpleNamespace(reply="_INBOX.test")
-        self.reply: bytes | None = None
-        self.error: tuple[str, str, bytes] | None = None
-
-    async def respond(self, data: bytes) -> None:
-        self.reply = data
-
-    async def respond_error(self, code: str, description: str, data: bytes = b"") -> None:
-        self.error = (code, description, data)
-
-
-async def call(svc: admin_service.AdminService, verb: str, request: Any) -> _Request:
-    req = _Request(request if isinstance(request, bytes) else msgspec.json.encode(request))
-    await svc._endpoint(verb, svc._handlers[verb])(req)  # type: ignore[arg-type]
-    return req
-
-
-def refusal(req: _Request) -> tuple[str, ErrorBody]:
-    assert req.error is not None, req.reply
-    return req.error[0], msgspec.json.decode(req.error[2], type=ErrorReply).error
 
 
 @pytest.mark.parametrize(

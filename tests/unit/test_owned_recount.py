@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 
 from harness import wait_for_async
+from harness.engine_parts import event, table
+from harness.serving import engine
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin.job_pages import summary
 from hrwcron.core.model import JobSpec
 from hrwcron.engine.ports import JobEvent
-
-from .serving import engine
-from .test_engine_jobs import event, table
 
 DEADLINE = 10.0
 

@@ -13,14 +13,13 @@ import msgspec
 import pytest
 
 from chaos.faults import POISON_SPECS
+from harness.engine_parts import table
+from harness.serving import serving
 from hrwcron.adapters.memory import MemoryJobs
 from hrwcron.admin.api import ErrorReply
 from hrwcron.core.model import decode_job
 from hrwcron.core.plan import SEARCH_BUDGET, TickPlan
 from hrwcron.engine.ports import JobEvent
-
-from .serving import serving
-from .test_engine_jobs import table
 
 
 class Request:

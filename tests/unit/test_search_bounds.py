@@ -132,10 +132,10 @@ def test_a_covered_stretch_is_covered_throughout_and_ends_where_coverage_ends(
 
 
 async def test_a_backfill_over_ticks_too_sparse_to_list_is_refused_as_too_large() -> None:
+    from harness.serving import serving
     from hrwcron.adapters.memory import MemoryJobs
     from hrwcron.core.ticks import format_ms
 
-    from .serving import serving
     from .test_limits import call, refusal
 
     # Fires at hh:59:59 only: accepted (about 120 steps to the first tick), but a day of it

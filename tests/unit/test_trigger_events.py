@@ -13,35 +13,14 @@ from urllib.parse import unquote
 import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_binary_event
 
+from harness.engine_parts import DUE, LONGEST_NAME, flights
 from hrwcron.adapters.jetstream.pipeline import message_size
 from hrwcron.core import events
 from hrwcron.core.config import ConfigFileError, config_warnings, parse_config
-from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec
+from hrwcron.core.model import TRIGGER_ENVELOPE
 from hrwcron.core.ticks import format_ms
-from hrwcron.engine.flight import Flight, cloudevents_headers, trigger_writes
-from hrwcron.engine.jobs import Job
+from hrwcron.engine.flight import cloudevents_headers, trigger_writes
 from hrwcron.process.app import settings
-
-DUE = 1_772_953_800_000
-LONGEST_NAME = ".".join(["n" * 64] * 8)
-
-
-def job(name: str = "reports.daily", payload: Any = None, max_runs: int | None = None) -> Job:
-    spec = JobSpec(name=name, schedule="@every 1m", payload=payload, max_runs=max_runs)
-    plan = spec.plan()
-    return Job(spec, plan.schedule, plan, spec.trigger_subject("hrwcron.trigger"), 0, 1, 0)
-
-
-def flights() -> list[Flight]:
-    scheduled = Flight(job(payload={"format": "pdf", "to": ["a", "b"]}), 0, DUE, 0)
-    scheduled.watermark = DUE
-    manual = Flight(job("ops.poke"), 0, DUE + 17, 0, "manual", "ops.poke:manual:x-1", "c")
-    backfill = Flight(job("billing", payload=[1, None]), 0, DUE - 60_000, 0, "backfill")
-    counted = Flight(job("batches", max_runs=6), 0, DUE, 0)
-    counted.run = 3
-    longest = Flight(job(LONGEST_NAME), 0, 221_845_391_999_999, 0)
-    longest.attempt = 7
-    return [scheduled, manual, backfill, counted, longest]
 
 
 def headers_of(writes: list[tuple[str, bytes, dict[str, str], int]]) -> list[dict[str, str]]:

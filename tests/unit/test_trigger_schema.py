@@ -10,11 +10,10 @@ import re
 import msgspec
 import pytest
 
+from harness.engine_parts import DUE, flights
 from harness.trigger_contract import DOC_PATH, check_trigger, schema_errors
 from hrwcron.core.model import TriggerMessage
 from hrwcron.engine.flight import trigger_writes
-
-from .test_trigger_events import DUE, flights
 
 
 def test_every_kind_of_trigger_body_conforms_to_the_schema_and_the_sdk_reads_it_whole() -> None:

@@ -8,8 +8,7 @@ from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 
 from hrwcron.core.model import TriggerMessage, encode
-
-STREAM = "HRWCRON_TRIGGERS"
+from hrwcron.core.resources import TRIGGER_STREAM as STREAM
 
 
 async def publish(nc: Client, job: str, due_ms: int, headers: dict[str, str] | None = None) -> str:
