@@ -34,13 +34,12 @@ from harness.chaos import MISSING, ReplicaFleet, Trigger, TriggerLog, now_ms, wa
 from harness.clock_files import needs_clockshift
 from hrwcron.core.model import Heartbeat, JobSpec
 from hrwcron.core.resources import SUBJECT_PREFIX, TRIGGER_STREAM
-from hrwcron.process.app import Stores, open_stores
-from hrwcron.process.startup import start_with_retries
+from hrwcron.process.app import Stores
 
 from .checker import Verdict, check
 from .faults import Timings
 from .server_clocks import MEMBERS_STREAM, SERVER_CLOCK, lead, shift_server_clock
-from .world import chaos_world, judged
+from .world import chaos_world, judged, stores_with_jobs
 
 JOBS = [JobSpec(name=f"sc{i:02d}", schedule="@every 1s", max_lateness=20.0) for i in range(8)]
 ENV = {"HRWCRON_SCHEDULER_REPLICAS": "3"}
@@ -102,16 +101,7 @@ async def scene(tmp_path: Path) -> AsyncIterator[Scene]:
     fleet = ReplicaFleet(cluster.url, 3, tmp_path / "replicas", env=ENV)
     stores: Stores | None = None
     try:
-        config = fleet.config()
-        stores = await start_with_retries(lambda: open_stores(config), bound_s=60)
-        for job in JOBS:
-            await wait_for_async(
-                lambda job=job: stores.jobs.put(job, None),  # type: ignore[misc]
-                timeout=60,
-                interval=0.5,
-                message=f"job {job.name} stored",
-                ignore=(NatsError, TimeoutError),
-            )
+        stores = await stores_with_jobs(fleet.config(), JOBS)
         receipts = Receipts()
         await stores.client.subscribe(f"{SUBJECT_PREFIX}.>", cb=receipts.take)
         for i in range(3):

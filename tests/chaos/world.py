@@ -18,6 +18,7 @@ from harness import NatsCluster, wait_for_async
 from harness.chaos import now_ms
 from harness.evidence import tracebacks
 from harness.power import PowerCluster
+from hrwcron.core.config import Config
 from hrwcron.core.model import JobSpec
 from hrwcron.process.app import Stores, open_stores
 from hrwcron.process.startup import start_with_retries
@@ -102,18 +103,9 @@ async def chaos_world(
     try:
         # R3 buckets and stream, as replicas make them; a cluster that has just formed can
         # still call a peer offline, which a replica's start-up would ride out too.
-        config = world.fleet.config()
-        stores = await start_with_retries(lambda: open_stores(config), bound_s=60)
-        jobs = chaos_jobs(timings, now_ms(), span_s)
-        for job in jobs:
-            # A just-created replicated bucket answers once its stream has elected a leader.
-            await wait_for_async(
-                lambda job=job: stores.jobs.put(job, None),  # type: ignore[misc]
-                timeout=60,
-                interval=0.5,
-                message=f"job {job.name} stored",
-                ignore=(NatsError, TimeoutError),
-            )
+        stores = await stores_with_jobs(
+            world.fleet.config(), jobs := chaos_jobs(timings, now_ms(), span_s)
+        )
         await asyncio.to_thread(world.start)
         yield Run(world, stores, jobs, now_ms() + 2_000)
     finally:
@@ -121,6 +113,23 @@ async def chaos_world(
             await stores.client.close()
         world.close()
         cluster.cleanup()
+
+
+async def stores_with_jobs(config: Config, jobs: list[JobSpec]) -> Stores:
+    """The test's own connection to a cluster that has just formed, the buckets and stream
+    made at the replicas' replication (as a replica's start-up would, riding out a peer still
+    called offline), and ``jobs`` stored."""
+    stores = await start_with_retries(lambda: open_stores(config), bound_s=60)
+    for job in jobs:
+        # A just-created replicated bucket answers once its stream has elected a leader.
+        await wait_for_async(
+            lambda job=job: stores.jobs.put(job, None),  # type: ignore[misc]
+            timeout=60,
+            interval=0.5,
+            message=f"job {job.name} stored",
+            ignore=(NatsError, TimeoutError),
+        )
+    return stores
 
 
 # --- make test: the bounded scenario -----------------------------------------------------------

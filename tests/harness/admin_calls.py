@@ -11,10 +11,10 @@ import msgspec
 from hrwcron.admin import service as admin_service
 from hrwcron.admin.api import ErrorBody, ErrorReply
 
-__all__ = ["call", "refusal"]
+__all__ = ["AdminRequest", "call", "refusal"]
 
 
-class _Request:
+class AdminRequest:
     """A request as the micro service hands it to a handler, recording the answer."""
 
     def __init__(self, data: bytes) -> None:
@@ -31,12 +31,12 @@ class _Request:
         self.error = (code, description, data)
 
 
-async def call(svc: admin_service.AdminService, verb: str, request: Any) -> _Request:
-    req = _Request(request if isinstance(request, bytes) else msgspec.json.encode(request))
+async def call(svc: admin_service.AdminService, verb: str, request: Any) -> AdminRequest:
+    req = AdminRequest(request if isinstance(request, bytes) else msgspec.json.encode(request))
     await svc._endpoint(verb, svc._handlers[verb])(req)  # type: ignore[arg-type]
     return req
 
 
-def refusal(req: _Request) -> tuple[str, ErrorBody]:
+def refusal(req: AdminRequest) -> tuple[str, ErrorBody]:
     assert req.error is not None, req.reply
     return req.error[0], msgspec.json.decode(req.error[2], type=ErrorReply).error

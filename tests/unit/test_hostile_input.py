@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -15,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from harness.admin_calls import AdminRequest
 from harness.serving import serving
 from hrwcron.adapters.jetstream.triggers import _last
 from hrwcron.adapters.memory import MemoryJobs
@@ -335,23 +335,6 @@ def test_a_config_is_loaded_or_refused_with_every_problem_located_and_no_secret_
 # --- admin requests ---------------------------------------------------------------------------
 
 
-class _Request:
-    """What the micro service hands an endpoint: the body, and how to answer."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        # The message behind it: replicas answer only on an inbox.
-        self._msg = SimpleNamespace(reply="_INBOX.test")
-        self.reply: bytes | None = None
-        self.error: tuple[str, str, bytes] | None = None
-
-    async def respond(self, data: bytes) -> None:
-        self.reply = data
-
-    async def respond_error(self, code: str, description: str, data: bytes = b"") -> None:
-        self.error = (code, description, data)
-
-
 # The job verbs that answer from the store alone (pause and resume wait for the engine).
 STORE_VERBS = ("jobs.put", "jobs.get", "jobs.delete", "jobs.list")
 requests = st.one_of(
@@ -386,7 +369,7 @@ def test_an_admin_request_is_served_or_refused_by_name_and_a_refusal_writes_noth
         async with serving(jobs) as service:
             handler = service._handlers[verb]
             endpoint = service._endpoint(verb, handler)
-            req = _Request(_body(request))
+            req = AdminRequest(_body(request))
             await endpoint(req)  # type: ignore[arg-type]
         after = await jobs.snapshot()
         if req.error is not None:
@@ -457,7 +440,7 @@ def test_a_trigger_body_decodes_or_fails_with_a_decode_error(data: bytes) -> Non
 def test_the_admin_api_refuses_subject_injecting_names_before_writing(name: str) -> None:
     async def scenario() -> None:
         jobs = MemoryJobs()
-        req = _Request(msgspec.json.encode({"spec": {"name": name, "schedule": "@every 1s"}}))
+        req = AdminRequest(msgspec.json.encode({"spec": {"name": name, "schedule": "@every 1s"}}))
         async with serving(jobs) as service:
             await service._endpoint("jobs.put", service._handlers["jobs.put"])(req)  # type: ignore[arg-type]
         assert req.error is not None
