@@ -19,7 +19,7 @@ import msgspec
 from hrwcron import __version__
 from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.admin.job_pages import by_due, format_due_cursor, parse_due_cursor, summary
-from hrwcron.core.errors import SearchExhausted
+from hrwcron.admin.ticks_ahead import count_ticks_ahead
 from hrwcron.core.plan import Allowance
 from hrwcron.core.ticks import format_ms
 from hrwcron.engine.pacing import Slices
@@ -32,7 +32,6 @@ TIMELINE_BUCKET_MS = 60_000
 # Enough for a few hundred minutely jobs or a handful of every-second ones; beyond it the
 # timeline says it is partial rather than spending the event loop on a picture.
 TIMELINE_TICK_BUDGET = 20_000
-TIMELINE_JOB_BUDGET = 2_000
 TIMELINE_SEARCH_BUDGET = 50_000
 PAYLOAD_PREVIEW = 200
 _SLICE = 500
@@ -254,52 +253,22 @@ class ReplicaStatus:
         return out
 
     async def _timeline(self, now: float) -> dict[str, Any]:
-        """Ticks of the next hour per owner in one-minute buckets, as ranked right now. The
-        work is bounded by ticks counted and by search steps spent, not by what the hour
-        holds: past either bound the timeline says it is partial."""
-        s = self.scheduler
-        start = int(now) // TIMELINE_BUCKET_MS * TIMELINE_BUCKET_MS
-        end = int(now) + TIMELINE_MS
-        buckets = -(-(end - start) // TIMELINE_BUCKET_MS)
-        rows: dict[str, list[int]] = {node: [0] * buckets for node in self.telemetry.live}
-        allowance = Allowance(TIMELINE_SEARCH_BUDGET)
-        slices = Slices()
-        spent = 0
-        partial = False
-        for index, name in enumerate(sorted(s.jobs)):
-            if index >= TIMELINE_JOB_BUDGET or spent >= TIMELINE_TICK_BUDGET:
-                partial = True
-                break
-            if slices.spent():
-                await asyncio.sleep(0)
-            job = s.jobs.get(name)
-            if job is None or job.spec.paused or job.due is None:
-                continue
-            order = s.ranking_of(name)
-            if not order:
-                continue
-            row = rows.setdefault(order[0], [0] * buckets)
-            left = s.progress(name, allowance).runs_left
-            firing = job.plan.iter_firing(
-                int(now) - 1, until=end - job.jitter_ms - 1, allowance=allowance
-            )
-            try:
-                for count, due in enumerate(firing):
-                    if left is not None and count >= left:
-                        break
-                    row[(due + job.jitter_ms - start) // TIMELINE_BUCKET_MS] += 1
-                    spent += 1
-                    if spent >= TIMELINE_TICK_BUDGET:
-                        partial = True
-                        break
-                    if slices.spent():
-                        await asyncio.sleep(0)
-            except SearchExhausted:
-                partial = True
+        """Ticks of the next hour per owner in one-minute buckets, as ranked right now, within
+        the bounds of ``admin/ticks_ahead.py`` (past them the timeline says it is partial)."""
+        ahead = await count_ticks_ahead(
+            self.scheduler,
+            self.telemetry.live,
+            int(now),
+            span_ms=TIMELINE_MS,
+            bucket_ms=TIMELINE_BUCKET_MS,
+            tick_budget=TIMELINE_TICK_BUDGET,
+            search_budget=TIMELINE_SEARCH_BUDGET,
+        )
+        start, rows, partial = ahead.start_ms, ahead.per_member, ahead.partial
         return {
             "start_ms": start,
             "start": format_ms(start),
             "bucket_ms": TIMELINE_BUCKET_MS,
-            "members": dict(sorted(rows.items())),
+            "members": rows,
             "partial": partial,
         }

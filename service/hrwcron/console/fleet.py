@@ -21,9 +21,7 @@ from hrwcron.adapters.telemetry import Telemetry
 from hrwcron.adapters.tick_log import Minute
 from hrwcron.admin.job_pages import summary
 from hrwcron.admin.status import ReplicaStatus
-from hrwcron.core.errors import SearchExhausted
-from hrwcron.core.plan import Allowance
-from hrwcron.engine.pacing import Slices
+from hrwcron.admin.ticks_ahead import count_ticks_ahead
 from hrwcron.engine.queries import EngineQueries
 
 HOUR_MS = 3_600_000
@@ -156,46 +154,13 @@ class FleetView:
 
     async def _build(self, key: tuple[object, ...], mono: float) -> _Walk:
         s = self._s
-        now = int(s.clock.now_ms())
-        start = now // MINUTE_MS * MINUTE_MS
-        end = now + COVERED_MS
-        buckets = -(-(end - start) // MINUTE_MS)
-        rows: dict[str, list[int]] = {n: [0] * buckets for n in self._telemetry.live}
-        seconds: collections.Counter[int] = collections.Counter()
-        allowance = Allowance(SEARCH_BUDGET)
-        slices = Slices()
-        counted = 0
-        partial = False
-        for name, job in list(s.jobs.items()):
-            if slices.spent():
-                await asyncio.sleep(0)
-            if job.spec.paused or name not in s.jobs:
-                continue
-            due = s.due_of(name)
-            if due is None or due + job.jitter_ms > end:
-                continue  # most jobs at 100,000: nothing in the next hour, or one tick
-            order = s.ranking_of(name)
-            if not order:
-                continue
-            row = rows.setdefault(order[0], [0] * buckets)
-            left = s.progress(name, allowance).runs_left if job.spec.max_runs else None
-            firing = job.plan.iter_firing(due - 1, until=end - job.jitter_ms, allowance=allowance)
-            try:
-                for count, tick in enumerate(firing):
-                    if left is not None and count >= left:
-                        break
-                    fire = tick + job.jitter_ms
-                    if fire >= start:
-                        row[(fire - start) // MINUTE_MS] += 1
-                        seconds[fire // 1000] += 1
-                        counted += 1
-                    if counted >= TICK_BUDGET:
-                        partial = True
-                        break
-                    if slices.spent():
-                        await asyncio.sleep(0)
-            except SearchExhausted:
-                partial = True
-            if counted >= TICK_BUDGET:
-                break
-        return _Walk(key, mono, start, dict(sorted(rows.items())), seconds, partial)
+        ahead = await count_ticks_ahead(
+            s,
+            self._telemetry.live,
+            int(s.clock.now_ms()),
+            span_ms=COVERED_MS,
+            bucket_ms=MINUTE_MS,
+            tick_budget=TICK_BUDGET,
+            search_budget=SEARCH_BUDGET,
+        )
+        return _Walk(key, mono, ahead.start_ms, ahead.per_member, ahead.seconds, ahead.partial)
