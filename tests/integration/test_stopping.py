@@ -4,14 +4,20 @@ while NATS cannot be reached, while running, and after its connection was closed
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
 import os
 import signal
 from pathlib import Path
 
 import pytest
+from nats.aio.msg import Msg
 
 from harness import NatsServer, free_ports
 from harness.commands import replica
+from hrwcron.adapters.jetstream.connect import connect, drain_within
+from hrwcron.core.config import NatsConfig
 
 DEADLINE = 30.0
 
@@ -130,3 +136,28 @@ def test_a_replica_on_a_server_without_jetstream_exits_with_a_clear_error(
         assert "Traceback" not in output
     finally:
         server.cleanup()
+
+
+async def test_draining_a_connection_whose_subscriber_is_stuck_leaves_nothing_unretrieved(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica's last step drains its connection, bounded. A subscription whose callback
+    is still busy holds the drain past that bound; what the bound leaves behind must not be
+    an exception nobody retrieved (logged with a traceback, the chaos suite's sign of a
+    broken replica)."""
+    client = await connect(NatsConfig(servers=[nats_server.url]))
+    busy = asyncio.Event()
+    never = asyncio.Event()
+
+    async def stuck(msg: Msg) -> None:
+        busy.set()
+        await never.wait()
+
+    await client.subscribe("stuck.here", cb=stuck)
+    await client.publish("stuck.here", b"x")
+    await asyncio.wait_for(busy.wait(), DEADLINE)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        await drain_within(client, 0.2)
+        gc.collect()
+    assert client.is_closed
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -18,7 +18,7 @@ from nats.errors import Error as NatsError
 
 from hrwcron.adapters.http import HttpServer
 from hrwcron.adapters.jetstream.claims import JetStreamClaims, JetStreamRuns
-from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
+from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect, drain_within
 from hrwcron.adapters.jetstream.counts_bucket import JetStreamCounts
 from hrwcron.adapters.jetstream.jobs import WATCH_SETUP_S, JetStreamJobs, has_lanes
 from hrwcron.adapters.jetstream.marks import NatsMarks
@@ -204,8 +204,7 @@ class Replica:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.http.close(), timeout=0.5)
         if not self.stores.client.is_closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.stores.client.drain(), timeout=0.5)
+            await drain_within(self.stores.client, 0.5)
         if self.telemetry is not None:
             await self.telemetry.shutdown(timeout=0.5)
         self.stopped.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import ssl
@@ -175,6 +176,22 @@ async def connect(
         await client.close()
         raise
     return client
+
+
+async def drain_within(client: Client, seconds: float) -> None:
+    """Drain the connection in about ``seconds``, then make sure it is closed.
+
+    The bound is the client's own ``drain_timeout``, not a cancellation from outside:
+    cancelling ``drain()`` leaves the client's gather of its subscriptions' drains with a
+    CancelledError nobody retrieves, logged as a traceback when the process exits. The outer
+    bound only covers the flush that follows the drain on a connection that stopped
+    answering."""
+    client.options["drain_timeout"] = seconds
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.drain(), seconds + 0.5)
+    if not client.is_closed:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.close(), 0.5)
 
 
 def check_server_version(version: Any) -> None:
