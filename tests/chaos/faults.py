@@ -50,6 +50,7 @@ SKEW = "clock skew +/-2 s"
 JUMP = "clock jump 30 s"
 CHURN = "membership churn"
 POISON = "poison job"  # detail says which spec, and whether through the bucket or the API
+SERVER_CLOCK = "NATS server clock"  # made in server_clocks.py; not in ALL_KINDS
 ALL_KINDS = (
     KILL,
     PAUSE,
@@ -72,6 +73,11 @@ JOBS_TARGET = "jobs"
 PARTITION_MODES = ("drop", "stall", "slow", "half_open")
 # Faults that take a replica away from the work, for failover figures.
 TAKES_A_REPLICA = frozenset({KILL, PAUSE, GRACEFUL, ROLLING, PARTITION, SKEW, JUMP, CHURN})
+
+# A replica checks its clock against one other, the members leader's: both wrong by the same
+# amount at once is the stated limit of "never early" (docs/reliability.md), not a fault the
+# checker could pass. So a replica's clock and a server's are never wrong at the same time.
+REPLICA_CLOCKS = frozenset({SKEW, JUMP})
 
 STREAM = "HRWCRON_TRIGGERS"
 CLAIMS_STREAM = "KV_hrwcron_claims"
@@ -665,6 +671,8 @@ def make_fault(world: World, rng: random.Random, kind: str) -> Awaitable[Any]:
         if not world.can_take(JOBS_TARGET):
             raise Unavailable("a poison job is already in place")
         return poison_job(world, rng, rng.uniform(2.0, 10.0))
+    if kind in REPLICA_CLOCKS:
+        clocks_apart(world, frozenset({SERVER_CLOCK}))
     i = _free_replica(world, rng)
     if kind == KILL:
         return kill_replica(world, i, rng.uniform(0.0, 2 * t.member_ttl + 2))
@@ -692,6 +700,12 @@ def nats_free(world: World) -> None:
     down = len(world.cluster.running()) < len(world.cluster.servers)
     if down or any(target.startswith("n") for target in world.busy):
         raise Unavailable("a NATS node is already down")
+
+
+def clocks_apart(world: World, kinds: frozenset[str]) -> None:
+    """Raise Unavailable while a fault of ``kinds`` holds a clock (see REPLICA_CLOCKS)."""
+    if any(kind in kinds for kind in world.busy.values()):
+        raise Unavailable("another clock is wrong at the moment")
 
 
 def free_replica(world: World, rng: random.Random) -> int:
@@ -814,7 +828,9 @@ __all__ = [
     "PAUSE",
     "POISON",
     "POISON_SPECS",
+    "REPLICA_CLOCKS",
     "ROLLING",
+    "SERVER_CLOCK",
     "SKEW",
     "WEIGHTS",
     "Fault",
@@ -826,6 +842,7 @@ __all__ = [
     "World",
     "churn",
     "clock_file_env",
+    "clocks_apart",
     "counts",
     "free_replica",
     "graceful_restart",

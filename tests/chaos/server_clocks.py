@@ -16,6 +16,9 @@ shifted node, and the checker must find nothing wrong with:
 * a server clock behind by less than ``max_clock_skew``: the replicas follow it and fire late by
   the offset.
 
+No replica's own clock is wrong meanwhile (``faults.REPLICA_CLOCKS``): one stepped with its
+time source would agree with it, the stated limit of the design.
+
 A server clock *ahead* by less than ``max_clock_skew`` makes triggers early by the offset on
 every other clock (the stated limit, shown in ``test_server_clocks.py``), so a random run
 does not draw it.
@@ -34,9 +37,17 @@ from nats.aio.client import Client
 from harness import NatsCluster, wait_for_async
 from hrwcron.core.resources import MEMBERS_BUCKET, TRIGGER_STREAM
 
-from .faults import Fault, Maker, World, hold, nats_free
+from .faults import (
+    REPLICA_CLOCKS,
+    SERVER_CLOCK,
+    Fault,
+    Maker,
+    World,
+    clocks_apart,
+    hold,
+    nats_free,
+)
 
-SERVER_CLOCK = "NATS server clock"
 MEMBERS_STREAM = f"KV_{MEMBERS_BUCKET}"
 # Beyond the shipped max_clock_skew (1 s) either way, a step as an operator or a restored VM
 # makes it, and behind by less than the skew.
@@ -108,6 +119,7 @@ def server_clock_maker(client: Client) -> Maker:
         """The node leading the members bucket (most often) or another one, an offset of
         :data:`OFFSETS_S`, for less than half the lateness window."""
         nats_free(world)
+        clocks_apart(world, REPLICA_CLOCKS)
         if world.cluster.clock_files is None:
             raise ValueError("the cluster runs without server clocks")
         members = world.cluster.stream_leader(MEMBERS_STREAM)
