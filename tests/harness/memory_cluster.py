@@ -138,6 +138,8 @@ class GatedTriggers:
         self.held: set[str] = set()
         self.frozen: dict[str, int] = {}  # job -> the due it froze on
         self.gate = asyncio.Event()
+        self.follows = 0  # how often this replica read the whole stream
+        self.read: list[str] = []  # the subjects it read the newest trigger of, in order
 
     async def publish(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
@@ -158,9 +160,11 @@ class GatedTriggers:
         return await self.inner.last(subject)
 
     async def last_many(self, subjects: Sequence[str]) -> dict[str, LastTrigger]:
+        self.read.extend(subjects)
         return await self.inner.last_many(subjects)
 
     def follow(self) -> AsyncIterator[tuple[str, LastTrigger] | None]:
+        self.follows += 1
         return self.inner.follow()
 
 

@@ -98,3 +98,53 @@ async def test_a_job_that_gains_tags_moves_to_the_lane_everyone_holds(cluster: C
     await holding_settles(cluster, jobs, nodes)
     stored = await cluster.jobs.get("job00")
     assert stored is not None and stored.key == partitions.job_key("job00", ["any"])
+
+
+def subjects_known(cluster: Cluster, node: str) -> set[str]:
+    return set(cluster.replicas[node].scheduler.last)
+
+
+def subjects_held(cluster: Cluster, node: str) -> set[str]:
+    return {job.subject for job in cluster.replicas[node].scheduler.jobs.values()}
+
+
+async def test_a_restarted_fleet_reads_only_its_shares_newest_triggers_and_fires_on(
+    cluster: Cluster,
+) -> None:
+    jobs = [every_second(f"job{i:02d}", max_lateness=30) for i in range(40)]
+    every_subject = {job.trigger_subject() for job in jobs}
+    start_ms = await cluster.put(*jobs)
+    nodes = ["a", "b", "c"]
+    await start(cluster, nodes)
+    await holding_settles(cluster, jobs, nodes)
+    await cluster.run_until(jobs, second_after(now_ms()))
+    for node in nodes:
+        await cluster.stop(node)
+    newest: dict[str, int] = {}
+    for job in jobs:
+        seen = await cluster.triggers.last(job.trigger_subject())
+        assert seen is not None
+        newest[job.name] = seen.watermark
+    # Every newest trigger lies inside the lateness window: planned without reading it, a
+    # replica would take that tick for one still to resolve.
+    await start(cluster, nodes)
+    for node in nodes:
+        replica = cluster.replicas[node]
+        assert replica.triggers.follows == 0, node  # never the whole stream
+        for job in replica.scheduler.jobs.values():  # started: planned past the stream's
+            assert job.due is not None and job.due > newest[job.spec.name], (node, job.spec.name)
+    await holding_settles(cluster, jobs, nodes)
+    # The first two held every lane until the third joined; the third read its share only.
+    assert set(cluster.replicas["c"].triggers.read) < every_subject
+    for node in nodes:
+        assert subjects_known(cluster, node) <= subjects_held(cluster, node), node
+    end = second_after(now_ms(), 3)
+    await cluster.run_until(jobs, end)
+    assert cluster.violations(jobs, (start_ms, end)) == ""
+    decided_again = [
+        d
+        for r in cluster.replicas.values()
+        for d in r.recorder.decisions
+        if d.due_ms <= newest[d.job]
+    ]
+    assert decided_again == []

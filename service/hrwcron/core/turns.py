@@ -59,7 +59,13 @@ def first_due(
     start = max(int(now_ms) - lateness_ms, int(written_ms))
     if last_done_ms is not None and last_done_ms >= start:
         start = last_done_ms
-    due = plan.next_after(start)
+    return due_after(plan, start, now_ms)
+
+
+def due_after(plan: TickPlan, done_ms: int, now_ms: float) -> int | None:
+    """The first tick after ``done_ms``, passing over excluded ticks that are already past
+    (whoever owned them counted them then); None when the job has no tick left."""
+    due = plan.next_after(done_ms)
     while due is not None and due <= now_ms and plan.excluded(due):
         due = plan.next_after(due)
     return due

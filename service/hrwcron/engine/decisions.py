@@ -9,14 +9,15 @@ the timer, the trigger ledger, the job table, membership and the dispatcher's ou
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from hrwcron.core.errors import ConflictError, HrwcronError, NotFoundError
 from hrwcron.core.outcomes import RESOLVED, Outcome
 from hrwcron.core.ticks import TickId
-from hrwcron.core.turns import collapse_latest, next_wake
+from hrwcron.core.turns import collapse_latest, due_after, next_wake
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.flight import Flight
 from hrwcron.engine.jobs import HeldClaim, Job, JobTable
@@ -38,6 +39,11 @@ NOT_RANKED = -1
 # Parked jobs released at a time before the loop gets a turn (a membership change releases
 # every one of them).
 RELEASE_SLICE = 256
+
+# Jobs whose newest trigger is read in one go before they are planned (holding a share), and
+# how long that read may take before they are planned without it.
+READ_BATCH = 4000
+READ_TIMEOUT_S = 10.0
 
 
 class TickDecisions:
@@ -80,6 +86,14 @@ class TickDecisions:
         self.missed_recently = RecentCounts()
         self.jobs: dict[str, Job] = {}
         self.last: dict[str, LastTrigger] = {}
+        # Holding a share with progress marks, a replica reads the newest trigger of the jobs
+        # it loads instead of every subject's: a job whose subject it has not read waits here,
+        # off the timer, for one batched read (see read_before_planning).
+        self._read_last: Callable[[list[str], float], Awaitable[None]] | None = None
+        self._unread: dict[str, Job] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self.planned = asyncio.Event()  # no loaded job is waiting for its subject's read
+        self.planned.set()
 
     def attach(
         self, table: JobTable, ledger: TriggerLedger, membership: Membership, timer: Timer[Flight]
@@ -98,6 +112,18 @@ class TickDecisions:
     @property
     def quiet(self) -> bool:
         return self.marks is not None
+
+    @property
+    def reading(self) -> bool:
+        """Loaded jobs wait for their newest triggers: the timer does not know them yet, so
+        this replica's progress mark cannot vouch for their ticks."""
+        return not self.planned.is_set()
+
+    def read_before_planning(self, read: Callable[[list[str], float], Awaitable[None]]) -> None:
+        """Plan a job whose subject the ledger does not know only after ``read(subjects,
+        timeout)`` brought its newest trigger in: the replica then holds the newest triggers
+        of its own share, not of every job."""
+        self._read_last = read
 
     def use_marks(self, marks: MarksHeard) -> None:
         """Followers consult the owners' progress marks (without them, they act at their turn
@@ -125,10 +151,23 @@ class TickDecisions:
 
     def prepare(self, job: Job) -> None:
         self.owed.pop(job.spec.name, None)
-        self._collapse(job)
+        if not self._unread_subject(job):
+            self._collapse(job)  # otherwise once its subject is read
 
     def loaded(self, job: Job) -> None:
         self.owned_dirty.set()
+        if self._unread_subject(job):
+            self._unread[job.spec.name] = job
+            if self._reader is None:
+                self.planned.clear()
+                self._reader = self._spawn(self._read_unread(), "newest-triggers")
+            return
+        self._plan(job)
+
+    def _unread_subject(self, job: Job) -> bool:
+        return self._read_last is not None and job.due is not None and job.subject not in self.last
+
+    def _plan(self, job: Job) -> None:
         if job.due is not None:
             if job.spec.max_runs is not None:
                 self._read_count(job)
@@ -141,13 +180,67 @@ class TickDecisions:
 
     def removed(self, job: Job) -> None:
         self.owed.pop(job.spec.name, None)
+        if self._unread.get(job.spec.name) is job:
+            del self._unread[job.spec.name]
+        if self._read_last is not None:
+            self.last.pop(job.subject, None)  # the ledger holds the share's subjects only
         self.owned_dirty.set()
+
+    async def _read_unread(self) -> None:
+        """Read the newest triggers of the jobs waiting for them, a batch at a time, and plan
+        each job from what its subject holds. A read that fails or takes too long leaves the
+        rest to the fence: planned without it, a tick the stream already holds is found there
+        when its publish is refused."""
+        read = self._read_last
+        assert read is not None
+        fenced = False
+        try:
+            while self._unread and not self.stopping:
+                names = list(itertools.islice(self._unread, READ_BATCH))
+                batch = [self._unread.pop(name) for name in names]
+                if not fenced:
+                    try:
+                        await read([job.subject for job in batch], READ_TIMEOUT_S)
+                    except Exception as exc:
+                        fenced = True
+                        log.warning(
+                            "reading the newest triggers of %d jobs failed (%s); their ticks "
+                            "are checked against the stream when they are published instead",
+                            len(batch) + len(self._unread),
+                            repr(exc) if isinstance(exc, TimeoutError) else exc,
+                        )
+                now = self.clock.now_ms()
+                for count, job in enumerate(batch, 1):
+                    if self.jobs.get(job.spec.name) is job and self._past_published(job, now):
+                        self._collapse(job)
+                        self._plan(job)
+                    if count % RELEASE_SLICE == 0:
+                        await asyncio.sleep(0)
+        finally:
+            self._reader = None
+            if not self._unread:
+                self.planned.set()
+
+    def _past_published(self, job: Job, now: float) -> bool:
+        """Move a job planned before its subject was read past the ticks the stream holds
+        already; False when it has no tick it can plan."""
+        seen = self.last.get(job.subject)
+        due = job.due
+        if seen is None or due is None or seen.watermark < due:
+            return True
+        try:
+            job.due = due_after(job.plan, seen.watermark, now)
+        except HrwcronError as exc:  # the schedule ran out of supported years
+            job.due = None
+            self.mark_bad(job, f"no next tick: {exc}")
+            return False
+        return True
 
     def newer_trigger(self, subject: str, seen: LastTrigger) -> None:
         name = self._table.by_subject.get(subject)
         job = self.jobs.get(name) if name else None
-        if job is None:
-            return
+        if job is None or name in self._unread:
+            return  # not planned yet: its plan starts from what the ledger holds then
         if job.spec.max_runs is not None:
             self._mirror_count(job)
         if job.busy or self.stopping:

@@ -1,8 +1,9 @@
 """The trigger ledger: the newest trigger on every subject, as the trigger stream shows it.
 
-A replica reads the newest trigger of every subject at start-up, then remembers what it
-publishes and what it reads; without progress marks it follows every trigger (a tick is done
-once its subject's watermark reaches it).
+A replica reads the newest trigger of every subject at start-up (holding a share with progress
+marks: of its share's subjects, as it loads them), then remembers what it publishes and what it
+reads; without progress marks it follows every trigger (a tick is done once its subject's
+watermark reaches it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from hrwcron.engine.pacing import Slices
 from hrwcron.engine.ports import LastTrigger, Observer, TriggersPort
 
 log = logging.getLogger("hrwcron.scheduler")
+
+# What the ledger records for a subject it read and found empty: no trigger, no watermark.
+NONE_YET = LastTrigger(0, "", 0, 0)
 
 
 class TriggerLedger:
@@ -50,6 +54,13 @@ class TriggerLedger:
             return False
         self.last[subject] = seen
         return True
+
+    async def read(self, subjects: list[str], timeout: float) -> None:
+        """Read the newest trigger of each of ``subjects``, within ``timeout``; one with none
+        is recorded as such, so a job edited later is not read again."""
+        found = await asyncio.wait_for(self._triggers.last_many(subjects), timeout)
+        for subject in subjects:
+            self.note(subject, found.get(subject, NONE_YET))
 
     def forget(self, subject: str) -> None:
         """The subject moved on in a way this replica did not see: read it again first."""

@@ -301,12 +301,22 @@ class Scheduler:
         self._spawn(membership.watch(), "members-watch")
         self._spawn(membership.refresh_loop(), "members-refresh")
         self._spawn(membership.heartbeat_loop(), "heartbeat")
-        self._spawn(self._ledger.follow(live=self._marks is None), "trigger-feed")
-        await _wait_event(self._ledger.loaded, 30, "trigger history")
+        # Holding a share with progress marks, each job's newest trigger is read as the job
+        # is loaded: the replica reads and holds its share's subjects, not every subject.
+        held_only = self.settings.holders > 0 and self._marks is not None
+        if held_only:
+            self._ticks.read_before_planning(self._ledger.read)
+        else:
+            self._spawn(self._ledger.follow(live=self._marks is None), "trigger-feed")
+            await _wait_event(self._ledger.loaded, 30, "trigger history")
         if self.settings.holders > 0:
             await membership.settle()
         self._table.start_watch()
         await self._wait_loaded()
+        if held_only:
+            # Bounded: each batch's read gives up after READ_TIMEOUT_S, the rest is fenced.
+            await self._ticks.planned.wait()
+            self._ledger.loaded.set()
         self._spawn(self._table.guard(), "jobs-watch-guard")
         self._spawn(self._timer.run(), "timer")
         self._spawn(self._owned_loop(), "owned-count")
@@ -361,7 +371,7 @@ class Scheduler:
         while True:
             await asyncio.sleep(interval)
             ticks.release_parked()
-            if not self.ready or ticks.stopping or self._table.catching_up:
+            if not self.ready or ticks.stopping or self._table.catching_up or ticks.reading:
                 continue  # still reading lanes it took on: it cannot vouch for their ticks
             mark = Mark(
                 node=self.node,
