@@ -18,6 +18,7 @@ from hrwcron.adapters.memory import MemoryTriggers
 from hrwcron.core.errors import ScheduleError
 from hrwcron.core.model import TRIGGER_ENVELOPE, JobSpec, TriggerMessage, encode
 from hrwcron.core.ticks import format_ms, manual_claim_key
+from hrwcron.engine import decisions as decisions_module
 from hrwcron.engine import jobs as jobs_module
 from hrwcron.engine.ports import (
     HEADER_DUE,
@@ -197,3 +198,24 @@ def test_a_trigger_envelope_at_its_longest_fits_the_room_kept_for_it() -> None:
         "tracestate": "x" * 512,
     }
     assert message_size(body, headers) - len(b"null") < TRIGGER_ENVELOPE / 2
+
+
+async def test_holding_a_share_a_job_that_cannot_be_planned_once_read_stops_no_other(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_collapse = decisions_module.collapse_latest
+
+    def collapse_latest(plan: Any, due_ms: int, now_ms: float) -> Any:
+        if plan.schedule.expr == "@every 7s":
+            raise ScheduleError("instant: 1e20 ms is outside the supported years 1800-8999")
+        return real_collapse(plan, due_ms, now_ms)
+
+    monkeypatch.setattr(decisions_module, "collapse_latest", collapse_latest)
+    bad = JobSpec(name="unplannable", schedule="@every 7s", catchup="latest")
+    good = every_second("good")
+    await cluster.put(bad, good)
+    replica = await cluster.start("a", holders=2)  # reads each subject, then plans the job
+    await cluster.run_until([good], second_after(now_ms(), 2))
+    assert "cannot be scheduled" in replica.scheduler.problem_of("unplannable")
+    assert replica.scheduler.jobs["unplannable"].due is None
+    assert not cluster.of("unplannable")

@@ -211,30 +211,29 @@ class TickDecisions:
                         )
                 now = self.clock.now_ms()
                 for count, job in enumerate(batch, 1):
-                    if self.jobs.get(job.spec.name) is job and self._past_published(job, now):
-                        self._collapse(job)
-                        self._plan(job)
+                    if self.jobs.get(job.spec.name) is job:
+                        self._plan_read(job, now)
                     if count % RELEASE_SLICE == 0:
                         await asyncio.sleep(0)
         finally:
             self._reader = None
-            if not self._unread:
+            if not self._unread or self.stopping:
                 self.planned.set()
 
-    def _past_published(self, job: Job, now: float) -> bool:
-        """Move a job planned before its subject was read past the ticks the stream holds
-        already; False when it has no tick it can plan."""
+    def _plan_read(self, job: Job, now: float) -> None:
+        """Plan a job whose subject was read (or could not be): past the ticks the stream
+        holds already, then as any loaded job."""
         seen = self.last.get(job.subject)
-        due = job.due
-        if seen is None or due is None or seen.watermark < due:
-            return True
         try:
-            job.due = due_after(job.plan, seen.watermark, now)
-        except HrwcronError as exc:  # the schedule ran out of supported years
+            if seen is not None and job.due is not None and seen.watermark >= job.due:
+                job.due = due_after(job.plan, seen.watermark, now)
+            self._collapse(job)
+        except (HrwcronError, ArithmeticError, ValueError) as exc:
+            # As when loading: one job that cannot be planned, not a reader that stops.
             job.due = None
-            self.mark_bad(job, f"no next tick: {exc}")
-            return False
-        return True
+            self.mark_bad(job, f"cannot be scheduled: {exc}")
+            return
+        self._plan(job)
 
     def newer_trigger(self, subject: str, seen: LastTrigger) -> None:
         name = self._table.by_subject.get(subject)
