@@ -17,6 +17,9 @@ from .precision import Run, hrwcron_fleet_runs, native_variant_runs
 # The spread rate a sustained fleet is held to, and the lateness it must keep under.
 TARGET_RATE = 5_000
 TARGET_P99_MS = 10.0
+# Capacity as replicas are added: fleets holding shares (two holders a lane) at one rate.
+CAPACITY_FLEETS = (3, 6)
+CAPACITY_HOLDERS = 2
 
 
 @dataclass
@@ -26,6 +29,8 @@ class CurveResult:
     hrwcron: list[Run] = field(default_factory=list)
     native: list[Run] = field(default_factory=list)
     native_problem: str = ""
+    capacity_rate: int = 0
+    capacity: list[Run] = field(default_factory=list)  # one run per fleet size
 
     def sustained(self) -> int:
         """The highest rate measured with p99 under the target and no trigger missing."""
@@ -41,6 +46,17 @@ async def run(
     result = CurveResult(rates, seconds)
     variants = [(f"rate{rate}", rate, True) for rate in rates]
     result.hrwcron = await hrwcron_fleet_runs(dep, variants, seconds, warmup, log)
+    result.capacity_rate = rate = rates[len(rates) // 2]
+    for replicas in CAPACITY_FLEETS:
+        result.capacity += await hrwcron_fleet_runs(
+            dep,
+            [(f"cap{replicas}", rate, True)],
+            seconds,
+            warmup,
+            log,
+            replicas=replicas,
+            holders=CAPACITY_HOLDERS,
+        )
     try:
         result.native = await native_variant_runs(
             dep, [(rate, True) for rate in rates], seconds, warmup, log
@@ -110,4 +126,31 @@ def section(r: CurveResult | None, number: int) -> list[str]:
         f"{r.sustained():,} ticks/s.",
         "",
     ]
+    return [*out, *capacity_section(r), ""]
+
+
+def capacity_section(r: CurveResult) -> list[str]:
+    """What each replica spends as replicas are added. Every replica runs on the same two
+    cores here, so the fleet's rate cannot grow with it; what shows capacity is the busiest
+    replica's CPU per trigger, which bounds the rate one core per replica sustains."""
+    if not r.capacity:
+        return []
+    out = [
+        f"**Capacity as replicas are added** ({r.capacity_rate:,} spread ticks/s, "
+        f"`scheduler.holders = {CAPACITY_HOLDERS}`, the same {r.seconds} s): every replica shares "
+        "this machine's two cores, so the rate cannot grow here; the busiest replica's CPU per "
+        "trigger says what one core per replica would sustain.",
+        "",
+        "| replicas | triggers (expected) | p99 ms | fleet CPU / trigger | busiest replica "
+        "CPU / trigger | one core per replica sustains |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in r.capacity:
+        s = run.summary
+        busiest = run.busiest_cost_us
+        ceiling = f"{1e6 / busiest:,.0f} ticks/s" if busiest > 0 else "-"
+        out.append(
+            f"| {run.replicas} | {s.count:,} ({run.expected:,}) | {fmt(s.p99, 1)} | "
+            f"{run.tick_cost_us:.0f} µs | {busiest:.0f} µs | {ceiling} |"
+        )
     return [*out, ""]

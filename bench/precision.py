@@ -52,14 +52,23 @@ class Run:
     lateness_ms: list[float] = field(default_factory=list)
     expected: int = 0
     note: str = ""
-    # hrwcron only: CPU seconds of the 3 replicas over the measured window, summed.
+    # hrwcron only: CPU seconds of the replicas over the measured window, summed, and each
+    # replica's own.
     cpu_s: float = math.nan
+    replica_cpu_s: list[float] = field(default_factory=list)
+    replicas: int = 3
 
     @property
     def tick_cost_us(self) -> float:
         """Replica CPU per trigger over the window, summed over the replicas, in µs."""
         count = len(self.lateness_ms)
         return self.cpu_s / count * 1e6 if count else math.nan
+
+    @property
+    def busiest_cost_us(self) -> float:
+        """The busiest replica's CPU per trigger of the fleet's, in µs: what saturates first."""
+        count = len(self.lateness_ms)
+        return max(self.replica_cpu_s, default=math.nan) / count * 1e6 if count else math.nan
 
     @property
     def summary(self) -> Summary:
@@ -92,15 +101,18 @@ async def hrwcron_fleet_runs(
     seconds: int,
     warmup: int,
     log: object,
+    *,
+    replicas: int = 3,
+    holders: int = 0,
 ) -> list[Run]:
-    """One run per ``(tag, jobs, spread)`` on one fleet of 3 replicas, each run's jobs (named
-    ``p-<tag>-<i>``) alone in the bucket."""
+    """One run per ``(tag, jobs, spread)`` on one fleet of ``replicas`` (each holding every job,
+    or with ``holders`` a share), each run's jobs (named ``p-<tag>-<i>``) alone in the bucket."""
     config = dep.config()
     stores = await stores_for(config)
-    fleet = dep.fleet("precision")
+    fleet = dep.fleet(f"precision-{replicas}-{holders}", HRWCRON_SCHEDULER_HOLDERS=str(holders))
     runs: list[Run] = []
     try:
-        fleet.start(3)
+        fleet.start(replicas)
         await fleet.wait_ready(timeout=90)
         await fleet.wait_members([r.node for r in fleet.members])
         js = stores.client.jetstream()
@@ -116,9 +128,11 @@ async def hrwcron_fleet_runs(
             start_s = math.ceil(now_ms() / 1000) + warmup
             begin, end = _window(start_s, seconds)
             await sleep_until(begin)
-            cpu_begin = fleet_cpu(fleet.members)
+            cpu_begin = [fleet_cpu([r]) for r in fleet.members]
             await sleep_until(end)
-            cpu_s = fleet_cpu(fleet.members) - cpu_begin
+            replica_cpu = [
+                fleet_cpu([r]) - b for r, b in zip(fleet.members, cpu_begin, strict=True)
+            ]
             # Wait out the window plus the slowest plausible trigger before reading.
             await sleep_until(end + 1000 + 2000)
             await delete_jobs(stores, [s.name for s in specs])
@@ -127,7 +141,9 @@ async def hrwcron_fleet_runs(
             )
             run = Run("hrwcron", dep.kind, spread, jobs, seconds, expected=jobs * seconds)
             run.lateness_ms = _hrwcron_lateness(stored, jitter, begin, end)
-            run.cpu_s = cpu_s
+            run.cpu_s = sum(replica_cpu)
+            run.replica_cpu_s = replica_cpu
+            run.replicas = replicas
             runs.append(run)
             log(f"  {run.label} {jobs:,}: {_brief(run)}")  # type: ignore[operator]
     finally:

@@ -126,3 +126,24 @@ def test_the_search_benchmark_measures_refusals_within_the_bound() -> None:
     assert costs["one second in two minutes"].verdict == "refused"
     assert costs["one second an hour (dense, fires)"].verdict == "accepted"
     assert costs["plain (floor)"].steps <= 2
+
+
+def test_capacity_rows_say_what_the_busiest_replica_spends_per_trigger() -> None:
+    from bench.curve import CurveResult, capacity_section
+    from bench.precision import Run
+
+    three = Run("hrwcron", "single", True, 100, 2, expected=200, replicas=3)
+    three.lateness_ms = [1.0] * 200
+    three.replica_cpu_s, three.cpu_s = [0.02, 0.01, 0.01], 0.04
+    six = Run("hrwcron", "single", True, 100, 2, expected=200, replicas=6)
+    six.lateness_ms = [1.0] * 199
+    six.replica_cpu_s, six.cpu_s = [0.00995] + [0.00597] * 5, 0.0398
+    result = CurveResult([100], 2, capacity_rate=100, capacity=[three, six])
+    rows = [
+        line
+        for line in capacity_section(result)
+        if line.startswith("| 3 ") or line.startswith("| 6 ")
+    ]
+    assert rows[0] == "| 3 | 200 (200) | 1.0 | 200 µs | 100 µs | 10,000 ticks/s |"
+    assert rows[1] == "| 6 | 199 (200) | 1.0 | 200 µs | 50 µs | 20,000 ticks/s |"
+    assert capacity_section(CurveResult([100], 2)) == []
