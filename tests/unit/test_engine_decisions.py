@@ -16,8 +16,9 @@ from hrwcron.engine.decisions import TickDecisions
 from hrwcron.engine.flight import Flight
 from hrwcron.engine.jobs import Job, JobTable
 from hrwcron.engine.ledger import TriggerLedger
+from hrwcron.engine.marks import MarksHeard
 from hrwcron.engine.membership import Membership
-from hrwcron.engine.ports import JobEvent, LastTrigger
+from hrwcron.engine.ports import HEADER_MSG_ID, HEADER_WATERMARK, JobEvent, LastTrigger
 from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 from hrwcron.engine.timer import Timer
@@ -33,13 +34,15 @@ class Engine:
     timer: Timer[Flight]
     observer: RecordingObserver
     submitted: list[list[Flight]]
+    triggers: MemoryTriggers
 
 
 def spawn(coro: object, name: str) -> asyncio.Task[None]:
     return asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
 
 
-async def engine() -> Engine:
+async def engine(*, quiet: bool = False) -> Engine:
+    """The engine's parts for replica "a", alone; ``quiet``: with progress marks (no feed)."""
     clocks = Clocks()
     clock = Clock(clocks.wall, clocks.monotonic)
     settings = Settings(node_id="a", member_ttl=3.0)
@@ -53,9 +56,8 @@ async def engine() -> Engine:
         jobs_store=store,
         spawn=spawn,
     )
-    ledger = TriggerLedger(
-        MemoryTriggers(), observer=observer, newer=ticks.newer_trigger, retry_after=1.0
-    )
+    triggers = MemoryTriggers()
+    ledger = TriggerLedger(triggers, observer=observer, newer=ticks.newer_trigger, retry_after=1.0)
     table = JobTable(
         settings, store, observer=observer, clock=clock, last=ledger.last, hooks=ticks, spawn=spawn
     )
@@ -78,10 +80,20 @@ async def engine() -> Engine:
         submit=submitted.append,
     )
     ticks.attach(table, ledger, membership, timer)
+    if quiet:
+        ticks.use_marks(
+            MarksHeard(
+                step=settings.failover_step,
+                lease=settings.claim_lease,
+                monotonic=clock.monotonic,
+                live=membership.holder_live,
+                view=lambda: membership.view_id,
+            )
+        )
     await membership.join()
     membership.refresh()
     assert [c.node for c in membership.candidates] == ["a"]
-    return Engine(clocks, ticks, table, ledger, membership, timer, observer, submitted)
+    return Engine(clocks, ticks, table, ledger, membership, timer, observer, submitted, triggers)
 
 
 def load(e: Engine, name: str = "j") -> Job:
@@ -134,5 +146,40 @@ async def test_a_tick_past_its_lateness_is_counted_missed_by_its_owner() -> None
     assert due is not None
     now = due_now(e, job) + job.spec.max_lateness_ms + 1
     e.ticks.evaluate(job, now, True, [])
+    assert e.observer.of("j") == [("missed", due)]
+    assert e.ticks.missed_recently.total(now) == 1
+
+
+async def past_lateness_quietly(e: Engine, job: Job) -> float:
+    """Evaluate the job's tick past its lateness window on a quiet replica, until the read of
+    its subject that decides it is done."""
+    now = due_now(e, job) + job.spec.max_lateness_ms + 1
+    e.ticks.evaluate(job, now, True, [])
+    checker = e.ticks._checker
+    assert checker is not None and job.busy  # off the timer until its subject is read
+    await checker
+    return now
+
+
+async def test_quiet_a_late_tick_another_replica_published_is_not_missed() -> None:
+    e = await engine(quiet=True)
+    job = load(e)
+    due = job.due
+    assert due is not None
+    # Published by another replica while this one was paused: a quiet replica never saw it.
+    headers = {HEADER_MSG_ID: f"j:{due}", HEADER_WATERMARK: str(due)}
+    await e.triggers.publish(job.subject, b"{}", headers, 0)
+    now = await past_lateness_quietly(e, job)
+    assert e.observer.of("j") == [("not_owner", due)]
+    assert e.ticks.missed_recently.total(now) == 0
+    assert job.due == due + 60_000 and not job.busy
+
+
+async def test_quiet_a_tick_past_its_lateness_the_stream_does_not_hold_is_missed() -> None:
+    e = await engine(quiet=True)
+    job = load(e)
+    due = job.due
+    assert due is not None
+    now = await past_lateness_quietly(e, job)
     assert e.observer.of("j") == [("missed", due)]
     assert e.ticks.missed_recently.total(now) == 1

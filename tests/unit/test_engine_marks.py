@@ -264,3 +264,31 @@ async def test_hundreds_of_parked_jobs_are_released_in_slices_and_none_is_lost(
     await cluster.run_until(jobs, end, timeout=30)
     assert cluster.violations(jobs, (start, end)) == ""
     assert {t.node for t in cluster.triggers_log() if t.stored_ms > stopped} <= {"b", "c"}
+
+
+async def test_an_owner_whose_timer_stood_still_counts_none_of_the_ticks_others_fired_missed(
+    cluster: Cluster,
+) -> None:
+    """The owner's timer stops (as in a paused process) while its heartbeat goes on: its mark
+    stops advancing, the followers fire its ticks, and when its timer runs again the ticks it
+    held are long past their lateness window. Quiet, it never saw those triggers go by: it
+    reads their subjects and counts none of them missed."""
+    jobs = [every_second(name, max_lateness=1) for name in owned_by("a", 6)]
+    start = await cluster.put(*jobs)
+    replicas = {r.scheduler.node: r for r in await cluster.start_all(NODES)}
+    owner = replicas["a"].scheduler
+    await cluster.run_until(jobs, second_after(now_ms(), 1))
+    (timer,) = [t for t in owner._tasks if t.get_name() == "timer"]
+    timer.cancel()
+    stopped = second_after(now_ms())
+    # Every tick due in the next 3 s fired by a follower, and past its lateness by then.
+    await cluster.run_until(jobs, stopped + 3000, timeout=15)
+    taken = [t for t in cluster.triggers_log() if stopped < t.due_ms <= stopped + 3000]
+    assert taken and {t.node for t in taken} <= {"b", "c"}
+    owner._spawn(owner._timer.run(), "timer")
+    end = second_after(now_ms(), 2)
+    await cluster.run_until(jobs, end, timeout=15)
+    assert cluster.violations(jobs, (start, end)) == ""
+    missed = [d for d in replicas["a"].recorder.decisions if d.outcome == "missed"]
+    assert missed == []
+    assert owner.missed_recently.total(now_ms()) == 0

@@ -94,6 +94,12 @@ class TickDecisions:
         self._reader: asyncio.Task[None] | None = None
         self.planned = asyncio.Event()  # no loaded job is waiting for its subject's read
         self.planned.set()
+        # Quiet, a replica does not see the others' triggers go by: a tick past its lateness
+        # window may have been published by another replica while this one was paused or cut
+        # off. Such ticks wait here (job, entry, due) for one batched read of their subjects
+        # before any is counted missed.
+        self._unsure: dict[str, tuple[Job, int, int]] = {}
+        self._checker: asyncio.Task[None] | None = None
 
     def attach(
         self, table: JobTable, ledger: TriggerLedger, membership: Membership, timer: Timer[Flight]
@@ -106,6 +112,8 @@ class TickDecisions:
         self._push = timer.push
         self._place = membership.place
         self._ledger_done = ledger.done
+        self._ledger_read = ledger.read
+        self._ready: Callable[[], bool] = lambda: not membership.not_ready_reason
         self._holder_wait: Callable[[HeldClaim], float | None] = membership.holder_wait
         self.holder_live: Callable[[str, str], bool] = membership.holder_live
 
@@ -276,10 +284,10 @@ class TickDecisions:
             self._finish(job, Outcome.EXCLUDED if counts else Outcome.NOT_OWNER, due, count=counts)
             return
         if now > due + job.spec.max_lateness_ms:
-            counts = owner == self.node or (owner is None and ready)
-            if not counts:
-                self.missed_recently.add(now)  # the owner's own count is taken in _finish
-            self._finish(job, Outcome.MISSED if counts else Outcome.NOT_OWNER, due, count=counts)
+            if self.marks is not None:
+                self._check_missed(job, due)
+                return
+            self._missed(job, due, now, ready)
             return
         rank = job.my_rank
         fire = due + job.jitter_ms
@@ -315,6 +323,49 @@ class TickDecisions:
         self._awaiting_holder.discard(job.spec.name)
         job.busy = True
         acts.append(Flight(job, job.entry, due, rank))
+
+    def _missed(self, job: Job, due: int, now: float, ready: bool) -> None:
+        """The tick passed its lateness window unpublished: counted once, by its owner."""
+        owner = job.first
+        counts = owner == self.node or (owner is None and ready)
+        if not counts:
+            self.missed_recently.add(now)  # the owner's own count is taken in _finish
+        self._finish(job, Outcome.MISSED if counts else Outcome.NOT_OWNER, due, count=counts)
+
+    def _check_missed(self, job: Job, due: int) -> None:
+        job.busy = True  # off the timer until its subject is read
+        self._unsure[job.spec.name] = (job, job.entry, due)
+        if self._checker is None:
+            self._checker = self._spawn(self._read_unsure(), "missed-check")
+
+    async def _read_unsure(self) -> None:
+        """Read the subjects of the ticks that look missed, a batch at a time: one the stream
+        holds is resolved as another replica's, the rest are missed. A read that fails
+        leaves them missed, as a replica that cannot reach NATS can tell no better."""
+        try:
+            while self._unsure and not self.stopping:
+                names = list(itertools.islice(self._unsure, READ_BATCH))
+                batch = [self._unsure.pop(name) for name in names]
+                try:
+                    await self._ledger_read([job.subject for job, _, _ in batch], READ_TIMEOUT_S)
+                except Exception as exc:
+                    log.debug(
+                        "reading %d subjects before counting ticks missed: %s", len(batch), exc
+                    )
+                now = self.clock.now_ms()
+                ready = self._ready()
+                for job, entry, due in batch:
+                    job.busy = False
+                    if self.jobs.get(job.spec.name) is not job or job.entry != entry:
+                        continue  # changed or removed meanwhile
+                    if self._ledger_done(job.subject, due):
+                        self._finish(
+                            job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due
+                        )
+                    else:
+                        self._missed(job, due, now, ready)
+        finally:
+            self._checker = None
 
     def acted(self, flight: Flight) -> None:
         """A tick's act ended with ``flight.outcome``: resolve it, or look again later."""
