@@ -151,9 +151,11 @@ async def test_a_tick_past_its_lateness_is_counted_missed_by_its_owner() -> None
 
 
 async def past_lateness_quietly(e: Engine, job: Job) -> float:
-    """Evaluate the job's tick past its lateness window on a quiet replica, until the read of
-    its subject that decides it is done."""
-    now = due_now(e, job) + job.spec.max_lateness_ms + 1
+    """Evaluate the job's tick past its lateness window (on every replica's clock) on a quiet
+    replica, until the read of its subject that decides it is done."""
+    due_now(e, job)
+    e.clocks.advance(job.spec.max_lateness_ms + e.ticks.settings.max_clock_skew * 1000 + 1)
+    now = e.clocks.real_ms
     e.ticks.evaluate(job, now, True, [])
     checker = e.ticks._checker
     assert checker is not None and job.busy  # off the timer until its subject is read
@@ -176,6 +178,7 @@ async def test_quiet_a_late_tick_another_replica_published_is_not_missed() -> No
 
 
 async def test_quiet_a_tick_past_its_lateness_the_stream_does_not_hold_is_missed() -> None:
+    """Read once its window has closed for every replica, the subject's answer is final."""
     e = await engine(quiet=True)
     job = load(e)
     due = job.due
@@ -183,3 +186,48 @@ async def test_quiet_a_tick_past_its_lateness_the_stream_does_not_hold_is_missed
     now = await past_lateness_quietly(e, job)
     assert e.observer.of("j") == [("missed", due)]
     assert e.ticks.missed_recently.total(now) == 1
+    assert job.due == due + 60_000 and not job.busy
+
+
+async def test_quiet_a_tick_just_past_its_window_is_read_again_once_none_may_publish() -> None:
+    """Just past its window by this replica's clock, another replica's clock may still be
+    inside it: the subject is read again after the clock skew replicas may have, not counted."""
+    e = await engine(quiet=True)
+    job = load(e)
+    due = job.due
+    assert due is not None
+    now = due_now(e, job) + job.spec.max_lateness_ms + 1
+    e.clocks.advance(job.spec.max_lateness_ms + 1)
+    e.ticks.evaluate(job, now, True, [])
+    checker = e.ticks._checker
+    assert checker is not None
+    await checker
+    assert e.observer.of("j") == [] and job.due == due and not job.busy
+    skew_ms = e.ticks.settings.max_clock_skew * 1000
+    assert e.timer.heap[-1][0] == due + job.spec.max_lateness_ms + skew_ms + 1
+
+
+async def test_holding_a_share_the_mark_stays_below_a_job_whose_subject_is_being_read() -> None:
+    """Its first tick is not on the timer until its subject is read: the progress mark must not
+    vouch for it meanwhile, nor for a tick still being checked before it is counted missed."""
+    e = await engine(quiet=True)
+    answer = asyncio.Event()
+    asked: list[list[str]] = []
+
+    async def read(subjects: list[str], timeout: float) -> None:
+        asked.append(subjects)
+        await answer.wait()
+
+    e.ticks.read_before_planning(read)
+    e.table.apply(JobEvent("j", JobSpec(name="j", schedule="@every 1m"), 1))
+    job = e.table.jobs["j"]
+    assert job.due is not None and e.timer.heap == []  # waiting for its read, off the timer
+    fire = job.due + job.jitter_ms
+    later = fire + 3_600_000
+    assert e.ticks.resolved_ms(later) == fire - 1
+    answer.set()
+    await e.ticks.planned.wait()
+    assert asked == [[job.subject]]
+    assert e.timer.heap[-1][0] == fire  # planned: the timer holds the mark back from now on
+    e.timer.heap.clear()
+    assert e.ticks.resolved_ms(later) == later

@@ -9,6 +9,7 @@ the timer, the trigger ledger, the job table, membership and the dispatcher's ou
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -91,6 +92,10 @@ class TickDecisions:
         # off the timer, for one batched read (see read_before_planning).
         self._read_last: Callable[[list[str], float], Awaitable[None]] | None = None
         self._unread: dict[str, Job] = {}
+        # The fire instants of the unread jobs' first ticks (fire, sequence, name, job), stale
+        # entries dropped from the top: this replica's mark stays below the earliest.
+        self._unread_fires: list[tuple[int, int, str, Job]] = []
+        self._unread_seq = itertools.count()
         self._reader: asyncio.Task[None] | None = None
         self.planned = asyncio.Event()  # no loaded job is waiting for its subject's read
         self.planned.set()
@@ -121,12 +126,6 @@ class TickDecisions:
     def quiet(self) -> bool:
         return self.marks is not None
 
-    @property
-    def reading(self) -> bool:
-        """Loaded jobs wait for their newest triggers: the timer does not know them yet, so
-        this replica's progress mark cannot vouch for their ticks."""
-        return not self.planned.is_set()
-
     def read_before_planning(self, read: Callable[[list[str], float], Awaitable[None]]) -> None:
         """Plan a job whose subject the ledger does not know only after ``read(subjects,
         timeout)`` brought its newest trigger in: the replica then holds the newest triggers
@@ -149,7 +148,7 @@ class TickDecisions:
         # So may ticks whose claim holder just left or stopped being ready.
         for name in self._awaiting_turn | self._awaiting_holder:
             waiting = self.jobs.get(name)
-            if waiting is not None and not waiting.busy:
+            if waiting is not None and not waiting.busy and name not in self._unread:
                 self._push(waiting, 0)
         self._awaiting_turn.clear()
         self._awaiting_holder.clear()
@@ -166,10 +165,14 @@ class TickDecisions:
         self.owned_dirty.set()
         if self._unread_subject(job):
             self._unread[job.spec.name] = job
+            assert job.due is not None
+            entry = (job.due + job.jitter_ms, next(self._unread_seq), job.spec.name, job)
+            heapq.heappush(self._unread_fires, entry)
             if self._reader is None:
                 self.planned.clear()
                 self._reader = self._spawn(self._read_unread(), "newest-triggers")
             return
+        self._unread.pop(job.spec.name, None)  # an earlier version of it, if one waits
         self._plan(job)
 
     def _unread_subject(self, job: Job) -> bool:
@@ -197,34 +200,38 @@ class TickDecisions:
     async def _read_unread(self) -> None:
         """Read the newest triggers of the jobs waiting for them, a batch at a time, and plan
         each job from what its subject holds. A read that fails or takes too long leaves the
-        rest to the fence: planned without it, a tick the stream already holds is found there
-        when its publish is refused."""
+        jobs waiting then to the fence: planned without it, a tick the stream already holds is
+        found there when its publish is refused. Jobs loaded later are read again."""
         read = self._read_last
         assert read is not None
-        fenced = False
         try:
             while self._unread and not self.stopping:
-                names = list(itertools.islice(self._unread, READ_BATCH))
-                batch = [self._unread.pop(name) for name in names]
-                if not fenced:
-                    try:
-                        await read([job.subject for job in batch], READ_TIMEOUT_S)
-                    except Exception as exc:
-                        fenced = True
-                        log.warning(
-                            "reading the newest triggers of %d jobs failed (%s); their ticks "
-                            "are checked against the stream when they are published instead",
-                            len(batch) + len(self._unread),
-                            repr(exc) if isinstance(exc, TimeoutError) else exc,
-                        )
+                # Left in _unread until planned, so the mark stays below them meanwhile.
+                batch = list(itertools.islice(self._unread.values(), READ_BATCH))
+                try:
+                    await read([job.subject for job in batch], READ_TIMEOUT_S)
+                except Exception as exc:
+                    batch = list(self._unread.values())
+                    log.warning(
+                        "reading the newest triggers of %d jobs failed (%s); their ticks are "
+                        "checked against the stream when they are published instead",
+                        len(batch),
+                        repr(exc) if isinstance(exc, TimeoutError) else exc,
+                    )
                 now = self.clock.now_ms()
                 for count, job in enumerate(batch, 1):
-                    if self.jobs.get(job.spec.name) is job:
+                    name = job.spec.name
+                    if self._unread.get(name) is job and self.jobs.get(name) is job:
+                        del self._unread[name]
                         self._plan_read(job, now)
+                    elif self._table.by_subject.get(job.subject) is None:
+                        self.last.pop(job.subject, None)  # removed while it was read
                     if count % RELEASE_SLICE == 0:
                         await asyncio.sleep(0)
         finally:
             self._reader = None
+            if not self._unread:
+                self._unread_fires.clear()
             if not self._unread or self.stopping:
                 self.planned.set()
 
@@ -236,12 +243,13 @@ class TickDecisions:
             if seen is not None and job.due is not None and seen.watermark >= job.due:
                 job.due = due_after(job.plan, seen.watermark, now)
             self._collapse(job)
-        except (HrwcronError, ArithmeticError, ValueError) as exc:
-            # As when loading: one job that cannot be planned, not a reader that stops.
+            self._plan(job)
+        except Exception as exc:
+            # One job that cannot be planned, not a reader that stops: it stays loaded with
+            # no tick, and status shows why.
+            log.exception("job %r: planning it after reading its subject failed", job.spec.name)
             job.due = None
             self.mark_bad(job, f"cannot be scheduled: {exc}")
-            return
-        self._plan(job)
 
     def newer_trigger(self, subject: str, seen: LastTrigger) -> None:
         name = self._table.by_subject.get(subject)
@@ -285,7 +293,7 @@ class TickDecisions:
             return
         if now > due + job.spec.max_lateness_ms:
             if self.marks is not None:
-                self._check_missed(job, due)
+                self._check_missed(job, due, ready)
                 return
             self._missed(job, due, now, ready)
             return
@@ -332,40 +340,70 @@ class TickDecisions:
             self.missed_recently.add(now)  # the owner's own count is taken in _finish
         self._finish(job, Outcome.MISSED if counts else Outcome.NOT_OWNER, due, count=counts)
 
-    def _check_missed(self, job: Job, due: int) -> None:
+    def _check_missed(self, job: Job, due: int, ready: bool) -> None:
         job.busy = True  # off the timer until its subject is read
+        if job.my_rank == 0 or not ready:
+            self.owed[job.spec.name] = due + job.jitter_ms  # the mark stays below it meanwhile
         self._unsure[job.spec.name] = (job, job.entry, due)
         if self._checker is None:
             self._checker = self._spawn(self._read_unsure(), "missed-check")
 
     async def _read_unsure(self) -> None:
         """Read the subjects of the ticks that look missed, a batch at a time: one the stream
-        holds is resolved as another replica's, the rest are missed. A read that fails
-        leaves them missed, as a replica that cannot reach NATS can tell no better."""
+        shows done is another replica's, the rest are missed. A read that fails leaves them
+        missed, as a replica that cannot reach NATS can tell no better."""
+        skew_ms = self.settings.max_clock_skew * 1000
         try:
             while self._unsure and not self.stopping:
                 names = list(itertools.islice(self._unsure, READ_BATCH))
                 batch = [self._unsure.pop(name) for name in names]
+                asked = self.clock.now_ms()
                 try:
                     await self._ledger_read([job.subject for job, _, _ in batch], READ_TIMEOUT_S)
                 except Exception as exc:
                     log.debug(
                         "reading %d subjects before counting ticks missed: %s", len(batch), exc
                     )
-                now = self.clock.now_ms()
                 ready = self._ready()
-                for job, entry, due in batch:
+                for count, (job, entry, _) in enumerate(batch, 1):
                     job.busy = False
                     if self.jobs.get(job.spec.name) is not job or job.entry != entry:
                         continue  # changed or removed meanwhile
-                    if self._ledger_done(job.subject, due):
-                        self._finish(
-                            job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due
-                        )
-                    else:
-                        self._missed(job, due, now, ready)
+                    try:
+                        self._settle_late(job, asked, skew_ms, ready)
+                    except Exception as exc:  # one job, not the check of the others
+                        log.exception("job %r: settling its late ticks failed", job.spec.name)
+                        self.mark_bad(job, f"cannot be scheduled: {exc}")
+                    if count % RELEASE_SLICE == 0:
+                        await asyncio.sleep(0)
         finally:
             self._checker = None
+
+    def _settle_late(self, job: Job, asked: float, skew_ms: float, ready: bool) -> None:
+        """Resolve the job's ticks that nobody could publish any more when its subject was
+        read (at ``asked``): their lateness window had closed by then, on every replica's clock
+        (``skew_ms`` apart at most). At most RELEASE_SLICE of them; the timer brings the rest."""
+        now = self.clock.now_ms()
+        for _ in range(RELEASE_SLICE):
+            due = job.due
+            if due is None:
+                return
+            if self._ledger_done(job.subject, due):
+                self._finish(job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due)
+                continue
+            window_end = due + job.spec.max_lateness_ms
+            if window_end + skew_ms >= asked:
+                if window_end < now:  # late, but another replica might still have published
+                    self._push(job, window_end + skew_ms + 1)
+                return  # otherwise _finish has pushed it: the timer decides it in its turn
+            self._place(job)  # the ranking may have changed while the subject was read
+            if job.plan.exclusions and job.plan.excluded(due):
+                counts = job.first == self.node or (job.first is None and ready)
+                self._finish(
+                    job, Outcome.EXCLUDED if counts else Outcome.NOT_OWNER, due, count=counts
+                )
+                continue
+            self._missed(job, due, now, ready)
 
     def acted(self, flight: Flight) -> None:
         """A tick's act ended with ``flight.outcome``: resolve it, or look again later."""
@@ -468,6 +506,11 @@ class TickDecisions:
             mark = min(mark, heap[0][0] - 1)
         if self.owed:
             mark = min(mark, min(self.owed.values()) - 1)
+        fires = self._unread_fires
+        while fires and self._unread.get(fires[0][2]) is not fires[0][3]:
+            heapq.heappop(fires)  # planned, replaced or removed since
+        if fires:
+            mark = min(mark, fires[0][0] - 1)
         return int(mark)
 
     def _park(self, job: Job) -> None:

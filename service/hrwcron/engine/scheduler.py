@@ -371,7 +371,7 @@ class Scheduler:
         while True:
             await asyncio.sleep(interval)
             ticks.release_parked()
-            if not self.ready or ticks.stopping or self._table.catching_up or ticks.reading:
+            if not self.ready or ticks.stopping or self._table.catching_up:
                 continue  # still reading lanes it took on: it cannot vouch for their ticks
             mark = Mark(
                 node=self.node,
