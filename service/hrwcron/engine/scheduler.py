@@ -314,7 +314,8 @@ class Scheduler:
         self._table.start_watch()
         await self._wait_loaded()
         if held_only:
-            # Bounded: each batch's read gives up after READ_TIMEOUT_S, the rest is fenced.
+            # Bounded: a read that fails or outlasts READ_TIMEOUT_S leaves every job still
+            # waiting to the fence.
             await self._ticks.planned.wait()
             self._ledger.loaded.set()
         self._spawn(self._table.guard(), "jobs-watch-guard")
