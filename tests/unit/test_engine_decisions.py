@@ -18,7 +18,13 @@ from hrwcron.engine.jobs import Job, JobTable
 from hrwcron.engine.ledger import TriggerLedger
 from hrwcron.engine.marks import MarksHeard
 from hrwcron.engine.membership import Membership
-from hrwcron.engine.ports import HEADER_MSG_ID, HEADER_WATERMARK, JobEvent, LastTrigger
+from hrwcron.engine.ports import (
+    HEADER_MSG_ID,
+    HEADER_WATERMARK,
+    JobEvent,
+    LastTrigger,
+    ServerTime,
+)
 from hrwcron.engine.run_counter import RunCounter
 from hrwcron.engine.settings import Settings
 from hrwcron.engine.timer import Timer
@@ -231,3 +237,43 @@ async def test_holding_a_share_the_mark_stays_below_a_job_whose_subject_is_being
     assert e.timer.heap[-1][0] == fire  # planned: the timer holds the mark back from now on
     e.timer.heap.clear()
     assert e.ticks.resolved_ms(later) == later
+
+
+def server_ahead(e: Engine, ms: float) -> None:
+    """The members leader's clock, as this replica measures it, is ``ms`` ahead of true time."""
+    local = e.clocks.wall()
+    e.ticks.clock.estimator.add(ServerTime(local, local + ms, local))
+
+
+async def test_a_tick_past_its_window_only_by_a_clock_that_is_off_fires_once_it_is_right() -> None:
+    """The server's clock steps 90 s ahead: by it the due tick is past its 60 s window, but the
+    replica does not trust it (not ready) and decides nothing. Set right again, the tick is
+    still inside its window and is fired, late, instead of never."""
+    e = await engine()
+    job = load(e)
+    due = job.due
+    assert due is not None
+    due_now(e, job)
+    server_ahead(e, 90_000)
+    now = e.ticks.clock.now_ms()
+    assert now > due + job.spec.max_lateness_ms and not e.membership.ready
+    entry = job.entry
+    e.ticks.evaluate(job, now, False, [])
+    assert e.observer.of("j") == [] and job.due == due
+    assert job.entry == entry + 1  # off the timer: no wake-up on a clock that is off
+    server_ahead(e, 0)
+    e.ticks.membership_changed(readiness=True, candidates=False)  # ready again
+    assert (0, "j", job.entry) in [(w[0], w[2], w[3]) for w in e.timer.heap]  # at once
+    acts: list[Flight] = []
+    e.ticks.evaluate(job, e.ticks.clock.now_ms(), True, acts)
+    assert [(f.job, f.due) for f in acts] == [(job, due)]
+
+
+async def test_not_ready_with_a_clock_it_trusts_a_replica_resolves_a_tick_past_its_window() -> None:
+    e = await engine()
+    job = load(e)
+    due = job.due
+    assert due is not None
+    now = due_now(e, job) + job.spec.max_lateness_ms + 1
+    e.ticks.evaluate(job, now, False, [])  # not ready, and another replica's tick
+    assert job.due == due + 60_000

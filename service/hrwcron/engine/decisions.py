@@ -105,6 +105,8 @@ class TickDecisions:
         # before any is counted missed.
         self._unsure: dict[str, tuple[Job, int, int]] = {}
         self._checker: asyncio.Task[None] | None = None
+        # Jobs whose tick looked past its window by a clock this replica did not trust.
+        self._doubtful: dict[str, Job] = {}
 
     def attach(
         self, table: JobTable, ledger: TriggerLedger, membership: Membership, timer: Timer[Flight]
@@ -140,6 +142,10 @@ class TickDecisions:
     def membership_changed(self, readiness: bool, candidates: bool) -> None:
         if readiness:
             self._timer.wakeup.set()
+            doubtful, self._doubtful = self._doubtful, {}
+            for name, job in doubtful.items():
+                if self.jobs.get(name) is job and not job.busy:
+                    self._push(job, 0)  # decided again, by the clock as it is now
         if not candidates:
             return
         self.owned_dirty.set()
@@ -191,6 +197,7 @@ class TickDecisions:
 
     def removed(self, job: Job) -> None:
         self.owed.pop(job.spec.name, None)
+        self._doubtful.pop(job.spec.name, None)
         if self._unread.get(job.spec.name) is job:
             del self._unread[job.spec.name]
         if self._read_last is not None:
@@ -291,6 +298,9 @@ class TickDecisions:
             counts = owner == self.node or (owner is None and ready)
             self._finish(job, Outcome.EXCLUDED if counts else Outcome.NOT_OWNER, due, count=counts)
             return
+        if not ready and self._clock_doubtful():
+            self._doubt(job)
+            return
         if now > due + job.spec.max_lateness_ms:
             if self.marks is not None:
                 self._check_missed(job, due, ready)
@@ -331,6 +341,18 @@ class TickDecisions:
         self._awaiting_holder.discard(job.spec.name)
         job.busy = True
         acts.append(Flight(job, job.entry, due, rank))
+
+    def _clock_doubtful(self) -> bool:
+        return abs(self.clock.offset_ms) > self.settings.max_clock_skew * 1000
+
+    def _doubt(self, job: Job) -> None:
+        """The job's tick came due while this replica does not trust its clock (the server's
+        time, as the members leader tells it, is off from its own by more than
+        max_clock_skew): it is decided once readiness changes. Off the timer until then: by
+        that clock the tick may look past its window when it is not, and a wake-up time on it
+        could lie 30 s after the clock is set right, when the window has closed."""
+        job.entry += 1  # no heap entry stands for it meanwhile
+        self._doubtful[job.spec.name] = job
 
     def _missed(self, job: Job, due: int, now: float, ready: bool) -> None:
         """The tick passed its lateness window unpublished: counted once, by its owner."""
@@ -384,6 +406,9 @@ class TickDecisions:
         read (at ``asked``): their lateness window had closed by then, on every replica's clock
         (``skew_ms`` apart at most). At most RELEASE_SLICE of them; the timer brings the rest."""
         now = self.clock.now_ms()
+        if not ready and self._clock_doubtful():
+            self._doubt(job)  # as in evaluate
+            return
         for _ in range(RELEASE_SLICE):
             due = job.due
             if due is None:

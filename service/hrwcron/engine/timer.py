@@ -77,8 +77,13 @@ class Timer(Generic[Act]):
                     break
                 heapq.heappop(heap)
             delay = 3600.0
+            now = self._clock.now_ms()
+            if self._rest_until - now > WAKE_SPACING_MS:
+                # Server time went back (the members leader's clock was set right after a
+                # step ahead): a rest measured on the old time would last as long as the step.
+                self._rest_until = 0.0
             if heap:
-                delay = (max(heap[0][0], self._rest_until) - self._clock.now_ms()) / 1000
+                delay = (max(heap[0][0], self._rest_until) - now) / 1000
             if delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
                 # that races with the event being set, and the loop would never stop.
