@@ -110,6 +110,13 @@ def load(e: Engine, name: str = "j") -> Job:
     return job
 
 
+def load_due(e: Engine) -> tuple[Job, int]:
+    """A loaded job and the due instant of its first tick."""
+    job = load(e)
+    assert job.due is not None
+    return job, job.due
+
+
 def due_now(e: Engine, job: Job) -> float:
     assert job.due is not None
     e.clocks.advance(job.due + job.jitter_ms + 1 - e.clocks.real_ms)
@@ -137,9 +144,7 @@ async def test_a_replica_that_is_not_ready_looks_again_without_acting() -> None:
 
 async def test_a_tick_already_in_the_stream_is_resolved_and_the_next_one_planned() -> None:
     e = await engine()
-    job = load(e)
-    due = job.due
-    assert due is not None
+    job, due = load_due(e)
     e.ledger.remember(job.subject, LastTrigger(7, "j:x", due))
     assert e.observer.of("j") == [("not_owner", due)]
     assert job.due == due + 60_000
@@ -147,9 +152,7 @@ async def test_a_tick_already_in_the_stream_is_resolved_and_the_next_one_planned
 
 async def test_a_tick_past_its_lateness_is_counted_missed_by_its_owner() -> None:
     e = await engine()
-    job = load(e)
-    due = job.due
-    assert due is not None
+    job, due = load_due(e)
     now = due_now(e, job) + job.spec.max_lateness_ms + 1
     e.ticks.evaluate(job, now, True, [])
     assert e.observer.of("j") == [("missed", due)]
@@ -171,9 +174,7 @@ async def past_lateness_quietly(e: Engine, job: Job) -> float:
 
 async def test_quiet_a_late_tick_another_replica_published_is_not_missed() -> None:
     e = await engine(quiet=True)
-    job = load(e)
-    due = job.due
-    assert due is not None
+    job, due = load_due(e)
     # Published by another replica while this one was paused: a quiet replica never saw it.
     headers = {HEADER_MSG_ID: f"j:{due}", HEADER_WATERMARK: str(due)}
     await e.triggers.publish(job.subject, b"{}", headers, 0)
@@ -186,9 +187,7 @@ async def test_quiet_a_late_tick_another_replica_published_is_not_missed() -> No
 async def test_quiet_a_tick_past_its_lateness_the_stream_does_not_hold_is_missed() -> None:
     """Read once its window has closed for every replica, the subject's answer is final."""
     e = await engine(quiet=True)
-    job = load(e)
-    due = job.due
-    assert due is not None
+    job, due = load_due(e)
     now = await past_lateness_quietly(e, job)
     assert e.observer.of("j") == [("missed", due)]
     assert e.ticks.missed_recently.total(now) == 1
@@ -199,9 +198,7 @@ async def test_quiet_a_tick_just_past_its_window_is_read_again_once_none_may_pub
     """Just past its window by this replica's clock, another replica's clock may still be
     inside it: the subject is read again after the clock skew replicas may have, not counted."""
     e = await engine(quiet=True)
-    job = load(e)
-    due = job.due
-    assert due is not None
+    job, due = load_due(e)
     now = due_now(e, job) + job.spec.max_lateness_ms + 1
     e.clocks.advance(job.spec.max_lateness_ms + 1)
     e.ticks.evaluate(job, now, True, [])
@@ -250,9 +247,7 @@ async def test_a_tick_past_its_window_only_by_a_clock_that_is_off_fires_once_it_
     replica does not trust it (not ready) and decides nothing. Set right again, the tick is
     still inside its window and is fired, late, instead of never."""
     e = await engine()
-    job = load(e)
-    due = job.due
-    assert due is not None
+    job, due = load_due(e)
     due_now(e, job)
     server_ahead(e, 90_000)
     now = e.ticks.clock.now_ms()
@@ -271,9 +266,7 @@ async def test_a_tick_past_its_window_only_by_a_clock_that_is_off_fires_once_it_
 
 async def test_not_ready_with_a_clock_it_trusts_a_replica_resolves_a_tick_past_its_window() -> None:
     e = await engine()
-    job = load(e)
-    due = job.due
-    assert due is not None
+    job, due = load_due(e)
     now = due_now(e, job) + job.spec.max_lateness_ms + 1
     e.ticks.evaluate(job, now, False, [])  # not ready, and another replica's tick
     assert job.due == due + 60_000

@@ -120,7 +120,8 @@ class TickDecisions:
         self._place = membership.place
         self._ledger_done = ledger.done
         self._ledger_read = ledger.read
-        self._ready: Callable[[], bool] = lambda: not membership.not_ready_reason
+        self._ready: Callable[[], bool] = lambda: membership.ready
+        self._clock_off: Callable[[], bool] = lambda: membership.clock_off
         self._holder_wait: Callable[[HeldClaim], float | None] = membership.holder_wait
         self.holder_live: Callable[[str, str], bool] = membership.holder_live
 
@@ -271,7 +272,7 @@ class TickDecisions:
         if due is not None and seen.watermark >= due:
             # The tick it waits for is in the stream: resolved here and now, without a
             # trip through the timer (every replica sees every trigger go by).
-            self._finish(job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due)
+            self._published_elsewhere(job, due)
 
     # --------------------------------------------------------------------- a due tick
 
@@ -283,7 +284,7 @@ class TickDecisions:
             self._delete_when_due(job, now, ready)
             return
         if self._ledger_done(job.subject, due):
-            self._finish(job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due)
+            self._published_elsewhere(job, due)
             return
         if job.spec.max_runs is not None and self._out_of_runs(job, now):
             return
@@ -294,11 +295,9 @@ class TickDecisions:
                 self._observer.owner_changed(job.spec.name, job.owner, owner)
             job.owner = owner
         if job.plan.exclusions and job.plan.excluded(due):
-            # Never fired, late or otherwise; counted once, by the owner, like a missed tick.
-            counts = owner == self.node or (owner is None and ready)
-            self._finish(job, Outcome.EXCLUDED if counts else Outcome.NOT_OWNER, due, count=counts)
+            self._excluded(job, due, ready)
             return
-        if not ready and self._clock_doubtful():
+        if not ready and self._clock_off():
             self._doubt(job)
             return
         if now > due + job.spec.max_lateness_ms:
@@ -342,8 +341,14 @@ class TickDecisions:
         job.busy = True
         acts.append(Flight(job, job.entry, due, rank))
 
-    def _clock_doubtful(self) -> bool:
-        return abs(self.clock.offset_ms) > self.settings.max_clock_skew * 1000
+    def _counts(self, job: Job, ready: bool) -> bool:
+        """Whether this replica counts the job's missed or excluded tick: its owner does (or,
+        with no owner, any ready replica), so the tick is counted once."""
+        return job.first == self.node or (job.first is None and ready)
+
+    def _published_elsewhere(self, job: Job, due: int) -> None:
+        """The stream holds the tick at ``due``: resolved without this replica publishing it."""
+        self._finish(job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due)
 
     def _doubt(self, job: Job) -> None:
         """The job's tick came due while this replica does not trust its clock (the server's
@@ -354,10 +359,14 @@ class TickDecisions:
         job.entry += 1  # no heap entry stands for it meanwhile
         self._doubtful[job.spec.name] = job
 
+    def _excluded(self, job: Job, due: int, ready: bool) -> None:
+        """Never fired, late or otherwise; counted once, by the owner, like a missed tick."""
+        counts = self._counts(job, ready)
+        self._finish(job, Outcome.EXCLUDED if counts else Outcome.NOT_OWNER, due, count=counts)
+
     def _missed(self, job: Job, due: int, now: float, ready: bool) -> None:
         """The tick passed its lateness window unpublished: counted once, by its owner."""
-        owner = job.first
-        counts = owner == self.node or (owner is None and ready)
+        counts = self._counts(job, ready)
         if not counts:
             self.missed_recently.add(now)  # the owner's own count is taken in _finish
         self._finish(job, Outcome.MISSED if counts else Outcome.NOT_OWNER, due, count=counts)
@@ -406,7 +415,7 @@ class TickDecisions:
         read (at ``asked``): their lateness window had closed by then, on every replica's clock
         (``skew_ms`` apart at most). At most RELEASE_SLICE of them; the timer brings the rest."""
         now = self.clock.now_ms()
-        if not ready and self._clock_doubtful():
+        if not ready and self._clock_off():
             self._doubt(job)  # as in evaluate
             return
         for _ in range(RELEASE_SLICE):
@@ -414,7 +423,7 @@ class TickDecisions:
             if due is None:
                 return
             if self._ledger_done(job.subject, due):
-                self._finish(job, Outcome.ALREADY_CLAIMED if job.acted else Outcome.NOT_OWNER, due)
+                self._published_elsewhere(job, due)
                 continue
             window_end = due + job.spec.max_lateness_ms
             if window_end + skew_ms >= asked:
@@ -423,10 +432,7 @@ class TickDecisions:
                 return  # otherwise _finish has pushed it: the timer decides it in its turn
             self._place(job)  # the ranking may have changed while the subject was read
             if job.plan.exclusions and job.plan.excluded(due):
-                counts = job.first == self.node or (job.first is None and ready)
-                self._finish(
-                    job, Outcome.EXCLUDED if counts else Outcome.NOT_OWNER, due, count=counts
-                )
+                self._excluded(job, due, ready)
                 continue
             self._missed(job, due, now, ready)
 

@@ -107,13 +107,18 @@ class Membership:
             return "loading jobs and trigger history"
         if not self._clock.estimator.known:
             return "clock offset to the NATS server is not known yet"
-        skew = abs(self._clock.offset_ms)
-        if skew > self.settings.max_clock_skew * 1000:
+        if self.clock_off:
             return (
-                f"clock is {skew:.0f} ms off the NATS server's "
+                f"clock is {abs(self._clock.offset_ms):.0f} ms off the NATS server's "
                 f"(max_clock_skew is {self.settings.max_clock_skew:g} s)"
             )
         return ""
+
+    @property
+    def clock_off(self) -> bool:
+        """Whether this replica's clock and the server's disagree by more than max_clock_skew:
+        then neither is trusted."""
+        return abs(self._clock.offset_ms) > self.settings.max_clock_skew * 1000
 
     @property
     def ready(self) -> bool:

@@ -253,12 +253,9 @@ class Scheduler:
         if not subjects:
             return
         try:
-            found = await asyncio.wait_for(self._triggers.last_many(subjects), 10)
+            await self._ledger.read(subjects, 10)
         except Exception as exc:  # unread, what this replica knows stands
             log.debug("reading the newest triggers of %d jobs failed: %s", len(subjects), exc)
-            return
-        for subject, seen in found.items():
-            self._ledger.note(subject, seen)
 
     def problem_of(self, name: str) -> str:
         job = self.jobs.get(name)
