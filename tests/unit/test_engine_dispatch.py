@@ -13,6 +13,7 @@ from typing import Any
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryClaims, MemoryTriggers
 from hrwcron.core.model import ClaimRecord, JobSpec
+from hrwcron.core.outcomes import RESOLVED
 from hrwcron.core.ticks import TickId
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.dispatch import Dispatcher
@@ -29,6 +30,7 @@ from hrwcron.engine.settings import Settings
 class Host:
     stopping: bool = False
     quiet: bool = False  # no trigger feed: a held claim is checked against the subject
+    clock_off: bool = False  # the server's clock and this replica's disagree
     acted_on: list[Flight] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -146,4 +148,18 @@ async def test_a_tick_past_its_lateness_is_missed_not_published() -> None:
     late = Flight(job(), 0, due_now() - 3_600_000, 0)
     await a.run([late])
     assert late.outcome == "missed"
+    assert triggers.messages == []
+
+
+async def test_a_tick_that_looks_late_by_a_clock_in_doubt_is_neither_missed_nor_published() -> None:
+    """A server clock stepped ahead while the tick was claimed: it is tried again later (and
+    decided once the clock is trusted), not counted missed and given up."""
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    a, host, _ = dispatcher("a", claims, triggers)
+    host.clock_off = True
+    late = Flight(job(), 0, due_now() - 3_600_000, 0)
+    await a.run([late])
+    assert late.outcome == "error" and late.outcome not in RESOLVED
+    assert late.error is not None and "max_clock_skew" in late.error
+    assert host.acted_on == [late]
     assert triggers.messages == []

@@ -129,6 +129,10 @@ class TickDecisions:
     def quiet(self) -> bool:
         return self.marks is not None
 
+    @property
+    def clock_off(self) -> bool:
+        return self._clock_off()
+
     def read_before_planning(self, read: Callable[[list[str], float], Awaitable[None]]) -> None:
         """Plan a job whose subject the ledger does not know only after ``read(subjects,
         timeout)`` brought its newest trigger in: the replica then holds the newest triggers

@@ -53,6 +53,7 @@ log = logging.getLogger("hrwcron.scheduler")
 
 # How often one tick may find its subject moved on and re-read it before giving up for now.
 MAX_FENCES = 5
+CLOCK_IN_DOUBT = "the clock is off the NATS server's by more than max_clock_skew"
 
 
 class TickHost(Protocol):
@@ -69,6 +70,11 @@ class TickHost(Protocol):
     @property
     def quiet(self) -> bool:
         """Whether this replica does not follow the trigger stream (it reads progress marks)."""
+
+    @property
+    def clock_off(self) -> bool:
+        """Whether this replica's clock and the server's disagree by more than
+        max_clock_skew, so that neither can say whether a tick is late."""
 
     def mark_bad(self, job: Job, problem: str) -> None:
         """The job's ticks fail for what the job is."""
@@ -442,6 +448,11 @@ class Dispatcher:
         due = flight.due
         scheduled = flight.kind == "scheduled"
         if scheduled and self._clock.now_ms() > due + job.spec.max_lateness_ms:
+            if self._s.clock_off:
+                # A server clock stepped ahead while the tick was claimed makes it look late:
+                # not published, not missed, but decided again once the clock is trusted.
+                self._fail(flight, f"{CLOCK_IN_DOUBT}: not published, decided again later")
+                return
             self._resolve(flight, Outcome.MISSED)
             return
         last = self._last.get(job.subject)
