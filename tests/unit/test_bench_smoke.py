@@ -147,3 +147,29 @@ def test_capacity_rows_say_what_the_busiest_replica_spends_per_trigger() -> None
     assert rows[0] == "| 3 | 200 (200) | 1.0 | 200 µs | 100 µs | 10,000 ticks/s |"
     assert rows[1] == "| 6 | 199 (200) | 1.0 | 200 µs | 50 µs | 20,000 ticks/s |"
     assert capacity_section(CurveResult([100], 2)) == []
+
+
+def test_a_shares_fleet_that_did_not_settle_is_reported_and_fails_its_goal() -> None:
+    from bench.shares import FleetFigures, SharesResult, goal_rows, section
+
+    six = FleetFigures("6 holding shares", 6, 2, jobs_total=1_000)
+    six.problem = "timed out after 120 s waiting for replicas to be ready"
+    three = FleetFigures("3 holding shares", 3, 2, ready_s=1.5, jobs_total=1_000)
+    three.held, three.rss_mb = [660, 670, 670], [80.0, 81.0, 82.0]
+    result = SharesResult(jobs=1_000, apply_s=2.0, loaded_s=0.1, move_s=4.0, fleets=[six, three])
+    text = "\n".join(section(result, 12))
+    assert "| 6 replicas, holding shares | – | — | 0.00 | — |" in text
+    assert "| 3 replicas, holding shares | 1.5 | 660–670 | 0.67 | 80–82 (median 81) |" in text
+    assert f"- 6 replicas, holding shares: {six.problem}." in text
+    ready = [row for row in goal_rows(result) if "all ready" in row[0]]
+    assert ready == [
+        ("holding shares (1,000 jobs, 6 replicas): all ready < 60 s", six.problem, "no")
+    ]
+
+
+def test_the_shares_size_is_chosen_on_the_command_line_and_checked() -> None:
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["--only", "shares", "--shares-jobs", "0"])
+    assert refused.value.code == 2
