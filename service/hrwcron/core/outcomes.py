@@ -23,7 +23,7 @@ class Outcome(StrEnum):
     EXCLUDED = "excluded"  # the tick falls on an excluded time
     MAX_RUNS = "max_runs"  # another replica's publish used up the job's last run first
     REJECTED = "rejected"  # the server refused the trigger for what it is (too large, say)
-    ERROR = "error"  # a claim or publish write failed: tried again
+    ERROR = "error"  # a claim or publish write failed, or the clock was in doubt: tried again
 
 
 # The tick is resolved for good: the job moves on to its next tick.
