@@ -58,6 +58,9 @@ log = logging.getLogger("hrwcron.admin")
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
 
+# How long start() waits for the server to confirm the endpoints' subscriptions.
+FLUSH_TIMEOUT_S = 5
+
 
 class AdminService(JobVerbs, RunVerbs):
     """The admin API as a NATS micro service: one endpoint a verb, each request decoded, handed
@@ -113,6 +116,9 @@ class AdminService(JobVerbs, RunVerbs):
                         queue_group=f"{QUEUE_GROUP}-{node}",
                         handler=self._endpoint(verb, handler, send_on=False),
                     )
+            # The server holds the subscriptions before anyone is told the API is up: a
+            # request sent the moment "started" is logged finds its responder.
+            await self._client.flush(timeout=FLUSH_TIMEOUT_S)
         except BaseException:
             await service.stop()
             raise
