@@ -270,3 +270,40 @@ async def test_not_ready_with_a_clock_it_trusts_a_replica_resolves_a_tick_past_i
     now = due_now(e, job) + job.spec.max_lateness_ms + 1
     e.ticks.evaluate(job, now, False, [])  # not ready, and another replica's tick
     assert job.due == due + 60_000
+
+
+def owed_since(e: Engine, spec: JobSpec) -> tuple[int, int]:
+    """Put ``spec``'s newest trigger two ticks (10 s apart) behind true time in the ledger, so
+    that the two ticks after it are owed and inside their lateness window. (the trigger's due,
+    the first owed tick)."""
+    done = int(e.clocks.real_ms // 10_000 * 10_000 - 20_000)
+    subject = spec.trigger_subject(Settings(node_id="a").subject_prefix)
+    e.ledger.remember(subject, LastTrigger(7, f"{spec.name}:{done}", done))
+    return done, done + 10_000
+
+
+async def test_a_job_loaded_while_the_server_clock_is_stepped_ahead_keeps_its_owed_ticks() -> None:
+    """A replica (re)starting while the members leader's clock is 90 s ahead: by that clock the
+    ticks after the stream's newest trigger are past their 60 s window. The replica is not
+    ready and decides nothing, but where it starts tracking the job must not pass them over,
+    or a tick it fires later (once the clock is right) fences them out of the stream."""
+    e = await engine()
+    spec = JobSpec(name="j", schedule="@every 10s")
+    _, owed = owed_since(e, spec)
+    server_ahead(e, 90_000)
+    assert e.ticks.clock.now_ms() > owed + spec.max_lateness_ms and not e.membership.ready
+    e.table.apply(JobEvent("j", spec, 1))
+    assert e.table.jobs["j"].due == owed
+
+
+async def test_catch_up_latest_with_the_server_clock_stepped_ahead_keeps_the_latest_owed_tick() -> (
+    None
+):
+    e = await engine()
+    spec = JobSpec(name="j", schedule="@every 10s", catchup="latest")
+    _, owed = owed_since(e, spec)
+    server_ahead(e, 90_000)
+    e.table.apply(JobEvent("j", spec, 1))
+    job = e.table.jobs["j"]
+    assert job.due == owed + 10_000  # the newest at or before true time, not 90 s later
+    assert job.due <= e.clocks.real_ms

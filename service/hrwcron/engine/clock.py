@@ -15,43 +15,63 @@ from hrwcron.engine.ports import ServerTime
 # 0.5 ms per second, so 100 ms plus 1 ms per elapsed second is never reached by drift.
 STEP_MS = 100.0
 STEP_RATE = 0.001
+# How far a sample may fall outside the bounds of the others (drift, a clock slewed between
+# heartbeats) before they count as describing a clock that has since been set.
+SAMPLE_SLACK_MS = 50.0
 
 
 @dataclass
 class OffsetEstimator:
-    """Keeps recent samples and trusts the one with the shortest round trip (NTP's idea):
-    its error is at most half that round trip."""
+    """Bounds the server's clock from recent samples and keeps the lower bound.
+
+    A heartbeat's server stamp was taken somewhere between sending and receiving, so the offset
+    lies in ``[stamp - received, stamp - sent]``. Where in that round trip is unknown: a leader
+    that queues the write before stamping it (just elected, catching up, busy) stamps it late.
+    The midpoint (NTP's estimate) would then run this replica's clock ahead of the server's by
+    up to half the round trip, and a tick fire early by that much; the lower bound never runs
+    ahead, and costs at most one round trip of lateness. The tightest bound of the window wins.
+    """
 
     window: int = 10
-    samples: deque[tuple[float, float]] = field(default_factory=deque)  # (rtt, offset)
-    # The sample trusted now, kept because the clock is read several times per tick.
-    _best: tuple[float, float] | None = None
+    samples: deque[tuple[float, float]] = field(default_factory=deque)  # (low, high) offset
+    # The bounds trusted now, kept because the clock is read several times per tick.
+    _low: float | None = None
+    _high: float = float("inf")
 
     def add(self, sample: ServerTime) -> None:
-        rtt = max(0.0, sample.received_ms - sample.sent_ms)
-        offset = sample.server_ms - (sample.sent_ms + sample.received_ms) / 2
-        if self.samples and abs(offset - self.offset_ms) > rtt / 2 + self.error_ms + 50:
+        low = sample.server_ms - max(sample.received_ms, sample.sent_ms)
+        high = sample.server_ms - sample.sent_ms
+        if self._low is not None and (
+            high < self._low - SAMPLE_SLACK_MS or low > self._high + SAMPLE_SLACK_MS
+        ):
             # The local clock jumped (or was stepped): older samples describe a clock that no
-            # longer exists, however short their round trips were.
+            # longer exists, however tight their bounds were.
             self.samples.clear()
-        self.samples.append((rtt, offset))
+        self.samples.append((low, high))
         while len(self.samples) > self.window:
             self.samples.popleft()
-        self._best = min(self.samples)
+        self._low = max(lo for lo, _ in self.samples)
+        self._high = min(hi for _, hi in self.samples)
 
     @property
     def known(self) -> bool:
         return bool(self.samples)
 
     @property
+    def lower_ms(self) -> float:
+        """Server time minus local time, at least: the clock that ticks are fired by."""
+        return 0.0 if self._low is None else self._low
+
+    @property
     def offset_ms(self) -> float:
-        best = self._best
-        return 0.0 if best is None else best[1]
+        """The best guess of server time minus local time (the middle of the bounds): the skew
+        reported and judged against ``max_clock_skew``."""
+        return 0.0 if self._low is None else (self._low + max(self._low, self._high)) / 2
 
     @property
     def error_ms(self) -> float:
-        best = self._best
-        return float("inf") if best is None else best[0] / 2
+        """How much later than :attr:`lower_ms` the server's clock may be."""
+        return float("inf") if self._low is None else max(0.0, self._high - self._low)
 
 
 class Clock:
@@ -95,7 +115,17 @@ class Clock:
         return wall - self.stepped_ms
 
     def now_ms(self) -> float:
-        return self.local_ms() + self.estimator.offset_ms
+        """Server time, never ahead of the server's clock (see :class:`OffsetEstimator`)."""
+        return self.local_ms() + self.estimator.lower_ms
+
+    def earliest_ms(self) -> float:
+        """The earlier of server time and the local clock, for bounds that pass ticks over as
+        too old (the lateness window a job starts tracking from, catch-up "latest"). When the
+        two disagree either may be the one set wrong, and a server clock stepped ahead must not
+        make owed ticks look past their window before the replica has even decided to doubt it.
+        """
+        local = self.local_ms()
+        return min(local + self.estimator.lower_ms, local)
 
     @property
     def offset_ms(self) -> float:
