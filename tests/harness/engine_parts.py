@@ -49,7 +49,7 @@ class Hooks:
             raise HrwcronError("no tick can be planned")
         self.prepared.append(job.spec.name)
 
-    def loaded(self, job: Job) -> None:
+    def loaded(self, job: Job, *, created: bool = False) -> None:
         self.loaded_jobs.append(job)
 
     def runs_unknown(self, name: str) -> None:

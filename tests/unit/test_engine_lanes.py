@@ -148,3 +148,32 @@ async def test_a_restarted_fleet_reads_only_its_shares_newest_triggers_and_fires
         if d.due_ms <= newest[d.job]
     ]
     assert decided_again == []
+
+
+async def test_jobs_created_while_the_fleet_runs_fire_once_without_a_read_of_their_subjects(
+    cluster: Cluster,
+) -> None:
+    """A job written after a replica began watching its lane has no trigger of its own ticks
+    yet: it is planned at once, not after a read of its subject (a million new jobs would
+    otherwise be a million reads). One deleted and written again under the same name finds its
+    old triggers through the fence on its first publish, and fires each new tick once."""
+    old = [every_second(f"job{i:02d}", max_lateness=30) for i in range(20)]
+    start_ms = await cluster.put(*old)
+    nodes = ["a", "b", "c"]
+    await start(cluster, nodes)
+    await holding_settles(cluster, old, nodes)
+    await cluster.run_until(old, second_after(now_ms()))
+    again = old[0]
+    await cluster.jobs.delete(again.name, None)
+    new = [every_second(f"new{i:02d}", max_lateness=30) for i in range(20)]
+    read_before = {n: len(cluster.replicas[n].triggers.read) for n in nodes}
+    created_ms = await cluster.put(*new, again)
+    await holding_settles(cluster, old + new, nodes)
+    for node in nodes:
+        replica = cluster.replicas[node]
+        assert replica.triggers.read[read_before[node] :] == [], node  # no subject read
+    end = second_after(now_ms(), 3)
+    await cluster.run_until(old + new, end)
+    assert cluster.violations(old[1:], (start_ms, end)) == ""
+    assert cluster.violations([*new, again], (created_ms, end)) == ""
+    assert any(t.due_ms < created_ms for t in cluster.of(again.name))  # old triggers held

@@ -172,8 +172,15 @@ class TickDecisions:
         if not self._unread_subject(job):
             self._collapse(job)  # otherwise once its subject is read
 
-    def loaded(self, job: Job) -> None:
+    def loaded(self, job: Job, *, created: bool = False) -> None:
         self.owned_dirty.set()
+        if created and self._unread_subject(job):
+            # Nothing to read: its ticks come after it was written, and a trigger an earlier
+            # job of the same name left there makes the first publish fenced, then read.
+            self._unread.pop(job.spec.name, None)
+            self._collapse(job)
+            self._plan(job)
+            return
         if self._unread_subject(job):
             self._unread[job.spec.name] = job
             assert job.due is not None

@@ -87,8 +87,9 @@ class JobHooks(Protocol):
     def prepare(self, job: Job) -> None:
         """A job about to be loaded, its first due tick planned (may raise: the job is skipped)."""
 
-    def loaded(self, job: Job) -> None:
-        """A job is in the table now."""
+    def loaded(self, job: Job, *, created: bool = False) -> None:
+        """A job is in the table now; ``created``: it was written to the bucket after this
+        replica began watching its lane, so its subject holds no trigger of its own ticks."""
 
     def runs_unknown(self, name: str) -> None:
         """A job appeared or went away: its run count must be read again."""
@@ -234,8 +235,10 @@ class JobTable:
                 with contextlib.suppress(Exception):
                     covered = await self._store.last_revision()
                 slices = Slices()
+                live = False  # past the watch's initial state: each change as it is made
                 async for event in self._store.watch(lanes):
                     if event is None:
+                        live = True
                         failures = 0  # this one got through
                         if first and not self.loaded.is_set():
                             log.info("loaded %d jobs", len(self.jobs))
@@ -253,7 +256,7 @@ class JobTable:
                         continue
                     if self.held is None:
                         self.revision = max(self.revision, event.revision)
-                    self.apply(event)
+                    self.apply(event, live=live)
                     self.applied += 1
                     if slices.spent():
                         await asyncio.sleep(0)
@@ -311,8 +314,9 @@ class JobTable:
             return sys.intern(partitions.lane_of(event.name, event.spec.tags))
         return old.lane if old is not None else sys.intern(partitions.lane_of(event.name, ()))
 
-    def apply(self, event: JobEvent) -> None:
-        """Take one change of the jobs bucket: load, replace or drop the job."""
+    def apply(self, event: JobEvent, *, live: bool = False) -> None:
+        """Take one change of the jobs bucket: load, replace or drop the job. ``live``: the
+        change came as it was made, after the watch's initial state."""
         old = self.jobs.get(event.name)
         key = event.key or event.name
         lane = self._lane(event, old)
@@ -376,7 +380,7 @@ class JobTable:
         self.digest ^= job.digest
         self.jobs[job.spec.name] = job
         self.by_subject[job.subject] = job.spec.name
-        self._hooks.loaded(job)
+        self._hooks.loaded(job, created=live and old is None)
 
     def _load(self, event: JobEvent, old: Job | None, key: str, lane: str) -> Job:
         """The running form of a valid spec, its first due tick planned (None when paused)."""
