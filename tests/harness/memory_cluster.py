@@ -140,6 +140,7 @@ class GatedTriggers:
         self.gate = asyncio.Event()
         self.follows = 0  # how often this replica read the whole stream
         self.read: list[str] = []  # the subjects it read the newest trigger of, in order
+        self.read_one: list[str] = []  # the subjects it read one at a time (a fenced publish)
 
     async def publish(
         self, subject: str, body: bytes, headers: Mapping[str, str], expected_last_seq: int
@@ -157,6 +158,7 @@ class GatedTriggers:
         return [asyncio.ensure_future(self.publish(*write)) for write in writes]
 
     async def last(self, subject: str) -> LastTrigger | None:
+        self.read_one.append(subject)
         return await self.inner.last(subject)
 
     async def last_many(self, subjects: Sequence[str]) -> dict[str, LastTrigger]:

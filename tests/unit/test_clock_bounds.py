@@ -48,6 +48,7 @@ def test_one_sample_never_puts_server_time_ahead_and_lags_by_at_most_its_round_t
         clocks.advance(333)
         lag = server_now(clocks) - clock.now_ms()
         assert 0 <= lag <= rtt_ms * (1 - stamped_at) + 1e-6
+        assert clock.latest_ms() >= server_now(clocks)  # what lateness is judged by
 
 
 def test_the_tightest_bound_of_the_window_wins_and_a_slow_sample_does_not_undo_it() -> None:
@@ -83,3 +84,31 @@ def test_a_sample_outside_the_bounds_is_a_set_clock_and_replaces_them() -> None:
     clock.estimator.add(moved)
     assert len(clock.estimator.samples) == 1
     assert 0 <= server_now(clocks) + 2_000 - clock.now_ms() <= 2
+
+
+@pytest.mark.parametrize("back_ms", [45.0, 400.0, 30_000.0])
+def test_a_server_clock_set_back_replaces_every_sample_it_contradicts(back_ms: float) -> None:
+    """Tight samples, then the server's clock goes back by a little or a lot: the lower bound
+    from before would run ahead of it, so the samples the new one contradicts go at once."""
+    clocks = Clocks()
+    clock = Clock(clocks.wall, clocks.monotonic)
+    for _ in range(5):
+        clock.estimator.add(sample(clocks, clock, 2, 0.5))
+        clocks.advance(1000)
+    sent = clock.local_ms()
+    clocks.advance(1)
+    stamp = server_now(clocks) - back_ms
+    clocks.advance(1)
+    clock.estimator.add(ServerTime(sent, stamp, clock.local_ms()))
+    assert len(clock.estimator.samples) == 1
+    behind = server_now(clocks) - back_ms - clock.now_ms()
+    assert 0 <= behind <= 2
+
+
+def test_an_answer_received_before_it_was_sent_still_bounds_from_below() -> None:
+    """Readings of a clock that was set during the round trip can come out reversed."""
+    clocks = Clocks()
+    clock = Clock(clocks.wall, clocks.monotonic)
+    received = clock.local_ms()
+    clock.estimator.add(ServerTime(received + 5, server_now(clocks), received))
+    assert clock.now_ms() <= server_now(clocks)

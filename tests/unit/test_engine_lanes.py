@@ -169,11 +169,13 @@ async def test_jobs_created_while_the_fleet_runs_fire_once_without_a_read_of_the
     read_before = {n: len(cluster.replicas[n].triggers.read) for n in nodes}
     created_ms = await cluster.put(*new, again)
     await holding_settles(cluster, old + new, nodes)
+    end = second_after(now_ms(), 3)
+    await cluster.run_until(old + new, end)
     for node in nodes:
         replica = cluster.replicas[node]
         assert replica.triggers.read[read_before[node] :] == [], node  # no subject read
-    end = second_after(now_ms(), 3)
-    await cluster.run_until(old + new, end)
     assert cluster.violations(old[1:], (start_ms, end)) == ""
     assert cluster.violations([*new, again], (created_ms, end)) == ""
     assert any(t.due_ms < created_ms for t in cluster.of(again.name))  # old triggers held
+    fenced_reads = [s for r in cluster.replicas.values() for s in r.triggers.read_one]
+    assert again.trigger_subject() in fenced_reads  # found by the fence, then read

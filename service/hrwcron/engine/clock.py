@@ -15,9 +15,6 @@ from hrwcron.engine.ports import ServerTime
 # 0.5 ms per second, so 100 ms plus 1 ms per elapsed second is never reached by drift.
 STEP_MS = 100.0
 STEP_RATE = 0.001
-# How far a sample may fall outside the bounds of the others (drift, a clock slewed between
-# heartbeats) before they count as describing a clock that has since been set.
-SAMPLE_SLACK_MS = 50.0
 
 
 @dataclass
@@ -41,12 +38,12 @@ class OffsetEstimator:
     def add(self, sample: ServerTime) -> None:
         low = sample.server_ms - max(sample.received_ms, sample.sent_ms)
         high = sample.server_ms - sample.sent_ms
-        if self._low is not None and (
-            high < self._low - SAMPLE_SLACK_MS or low > self._high + SAMPLE_SLACK_MS
-        ):
-            # The local clock jumped (or was stepped): older samples describe a clock that no
-            # longer exists, however tight their bounds were.
-            self.samples.clear()
+        # Older samples the new one contradicts describe a clock that has since moved (the local
+        # one set, the server's set, another server leading): they go, however tight they were.
+        # Kept, a lower bound from before a server's clock went back would run ahead of it.
+        kept = [(lo, hi) for lo, hi in self.samples if lo <= high and hi >= low]
+        if len(kept) < len(self.samples):
+            self.samples = deque(kept)
         self.samples.append((low, high))
         while len(self.samples) > self.window:
             self.samples.popleft()
@@ -63,15 +60,21 @@ class OffsetEstimator:
         return 0.0 if self._low is None else self._low
 
     @property
+    def upper_ms(self) -> float:
+        """Server time minus local time, at most: the clock a tick's lateness is judged by, so
+        that none is published after its window closed on the server's clock."""
+        return 0.0 if self._low is None else max(self._low, self._high)
+
+    @property
     def offset_ms(self) -> float:
         """The best guess of server time minus local time (the middle of the bounds): the skew
         reported and judged against ``max_clock_skew``."""
-        return 0.0 if self._low is None else (self._low + max(self._low, self._high)) / 2
+        return (self.lower_ms + self.upper_ms) / 2
 
     @property
     def error_ms(self) -> float:
         """How much later than :attr:`lower_ms` the server's clock may be."""
-        return float("inf") if self._low is None else max(0.0, self._high - self._low)
+        return float("inf") if self._low is None else self.upper_ms - self.lower_ms
 
 
 class Clock:
@@ -118,14 +121,18 @@ class Clock:
         """Server time, never ahead of the server's clock (see :class:`OffsetEstimator`)."""
         return self.local_ms() + self.estimator.lower_ms
 
-    def earliest_ms(self) -> float:
-        """The earlier of server time and the local clock, for bounds that pass ticks over as
-        too old (the lateness window a job starts tracking from, catch-up "latest"). When the
-        two disagree either may be the one set wrong, and a server clock stepped ahead must not
-        make owed ticks look past their window before the replica has even decided to doubt it.
+    def latest_ms(self) -> float:
+        """The latest server time can be (see :class:`OffsetEstimator`)."""
+        return self.local_ms() + self.estimator.upper_ms
+
+    def earliest_ms(self, max_skew_ms: float) -> float:
+        """Server time, or the local clock when that is earlier and the two disagree by more
+        than ``max_skew_ms``: for bounds that pass ticks over as too old (the lateness window a
+        job starts tracking from, catch-up "latest"). Either clock may then be the one set
+        wrong, and a server clock stepped ahead must not make owed ticks look past their window.
         """
-        local = self.local_ms()
-        return min(local + self.estimator.lower_ms, local)
+        now = self.now_ms()
+        return min(now, self.local_ms()) if abs(self.offset_ms) > max_skew_ms else now
 
     @property
     def offset_ms(self) -> float:

@@ -524,7 +524,9 @@ class TickDecisions:
     def _collapse(self, job: Job) -> None:
         if job.spec.catchup != "latest" or job.due is None:
             return
-        collapsed = collapse_latest(job.plan, job.due, self.clock.earliest_ms())
+        collapsed = collapse_latest(
+            job.plan, job.due, self.clock.earliest_ms(self.settings.max_clock_skew * 1000)
+        )
         job.due = collapsed.due
         self.missed_recently.add(self.clock.now_ms(), collapsed.missed)
         if job.owner == self.node:

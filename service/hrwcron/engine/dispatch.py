@@ -447,7 +447,9 @@ class Dispatcher:
         job = flight.job
         due = flight.due
         scheduled = flight.kind == "scheduled"
-        if scheduled and self._clock.now_ms() > due + job.spec.max_lateness_ms:
+        # Judged by the latest the server's clock can be: a replica whose time source answers
+        # slowly runs behind it (never ahead), and must not publish past the window for that.
+        if scheduled and self._clock.latest_ms() > due + job.spec.max_lateness_ms:
             if self._s.clock_off:
                 # A server clock stepped ahead while the tick was claimed makes it look late:
                 # not published, not missed, but decided again once the clock is trusted.
