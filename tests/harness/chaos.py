@@ -294,6 +294,7 @@ class TriggerLog:
 
 _STARTED = r"replica {node} started"
 _FAILPOINT = r"failpoint {name} \S+ job={job}"
+_STOPPED_AT_FAILPOINT = r"failpoint \S+ stop job="
 
 
 class ReplicaFleet:
@@ -394,7 +395,10 @@ class ReplicaFleet:
             self.wait_started(i, timeout)
 
     def wait_started(self, i: int, timeout: float = 60.0) -> None:
-        self.proc(i).wait_for_log(_STARTED.format(node=re.escape(self.nodes[i])), timeout)
+        # A replica armed to stop itself at a failpoint may reach it before it logs "started":
+        # it claims ticks once ready, while its admin API is still being set up.
+        started = _STARTED.format(node=re.escape(self.nodes[i]))
+        self.proc(i).wait_for_log(f"{started}|{_STOPPED_AT_FAILPOINT}", timeout)
 
     def running(self) -> list[int]:
         return [i for i, p in enumerate(self.procs) if p is not None and p.running]
