@@ -71,11 +71,6 @@ class OffsetEstimator:
         reported and judged against ``max_clock_skew``."""
         return (self.lower_ms + self.upper_ms) / 2
 
-    @property
-    def error_ms(self) -> float:
-        """How much later than :attr:`lower_ms` the server's clock may be."""
-        return float("inf") if self._low is None else self.upper_ms - self.lower_ms
-
 
 class Clock:
     """Wall time corrected by the estimated server offset, plus a monotonic clock for leases.
@@ -132,7 +127,11 @@ class Clock:
         wrong, and a server clock stepped ahead must not make owed ticks look past their window.
         """
         now = self.now_ms()
-        return min(now, self.local_ms()) if abs(self.offset_ms) > max_skew_ms else now
+        return min(now, self.local_ms()) if self.disagrees(max_skew_ms) else now
+
+    def disagrees(self, max_skew_ms: float) -> bool:
+        """Whether server time and the local clock are more than ``max_skew_ms`` apart."""
+        return abs(self.offset_ms) > max_skew_ms
 
     @property
     def offset_ms(self) -> float:

@@ -174,22 +174,21 @@ class TickDecisions:
 
     def loaded(self, job: Job, *, created: bool = False) -> None:
         self.owned_dirty.set()
-        if created and self._unread_subject(job):
-            # Nothing to read: its ticks come after it was written, and a trigger an earlier
-            # job of the same name left there makes the first publish fenced, then read.
-            self._unread.pop(job.spec.name, None)
-            self._collapse(job)
-            self._plan(job)
-            return
         if self._unread_subject(job):
-            self._unread[job.spec.name] = job
-            assert job.due is not None
-            entry = (job.due + job.jitter_ms, next(self._unread_seq), job.spec.name, job)
-            heapq.heappush(self._unread_fires, entry)
-            if self._reader is None:
-                self.planned.clear()
-                self._reader = self._spawn(self._read_unread(), "newest-triggers")
-            return
+            if created:
+                # Nothing to read: its ticks come after it was written, and a trigger an earlier
+                # job of the same name left there makes the first publish fenced, then read.
+                # prepare() left its collapse to the read, so it is done here.
+                self._collapse(job)
+            else:
+                self._unread[job.spec.name] = job
+                assert job.due is not None
+                entry = (job.due + job.jitter_ms, next(self._unread_seq), job.spec.name, job)
+                heapq.heappush(self._unread_fires, entry)
+                if self._reader is None:
+                    self.planned.clear()
+                    self._reader = self._spawn(self._read_unread(), "newest-triggers")
+                return
         self._unread.pop(job.spec.name, None)  # an earlier version of it, if one waits
         self._plan(job)
 
