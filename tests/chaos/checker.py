@@ -33,7 +33,6 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 import nats
 from nats.aio.client import Client
-from nats.js.errors import NoKeysError
 
 from harness import wait_for_async
 from harness.ackjournal import ACK_LOST, Ack, find_lost_acks
@@ -52,6 +51,7 @@ from harness.chaos import (
     Violation,
     find_violations,
 )
+from hrwcron.adapters.jetstream.kv import snapshot
 from hrwcron.core.model import JobSpec, decode_job
 from hrwcron.core.schedule import jitter_ms
 
@@ -268,24 +268,20 @@ async def check_stream(
 
 async def jobs_in_bucket(client: Client, bucket: str = "hrwcron_jobs") -> list[JobSpec]:
     """The valid, unpaused job specs stored in the jobs bucket."""
-    kv = await client.jetstream().key_value(bucket)
-    found: list[JobSpec] = []
-    keys: list[str] = []
+    entries = []
     for attempt in range(3):
         try:
-            keys = await kv.keys()
+            entries = await snapshot(client.jetstream(), bucket)
             break
-        except NoKeysError:  # an empty bucket
-            return found
         except TimeoutError:
-            # Its watch answers late on a busy machine: an empty answer would pass for
-            # "no jobs", so ask again, and fail loudly rather than check nothing.
+            # Its read answers late on a busy machine: ask again, and fail loudly rather
+            # than check nothing.
             if attempt == 2:
                 raise
-    for key in keys:
-        entry = await kv.get(key)
+    found: list[JobSpec] = []
+    for entry in entries:
         try:
-            spec = decode_job(entry.value or b"", where=key)
+            spec = decode_job(entry.value or b"", where=entry.key)
         except Exception:
             continue
         if not spec.paused and not spec.problems():

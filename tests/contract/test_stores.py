@@ -20,7 +20,7 @@ import nats
 import pytest
 from nats.js.api import KeyValueConfig
 
-from harness import NatsServer, wait_for_async
+from harness import NatsServer, live_keys, wait_for_async
 from hrwcron.adapters.jetstream.claims import JetStreamClaims
 from hrwcron.adapters.jetstream.connect import ConnectionHooks, connect
 from hrwcron.adapters.jetstream.counts_bucket import JetStreamCounts
@@ -836,8 +836,7 @@ async def test_bulk_writes_stop_once_a_round_goes_unanswered(shared_server: Nats
         assert isinstance(stuck[0], int)
         assert [type(a).__name__ for a in stuck[1:]] == ["StoreUnavailable"] * 3
         assert all("not written" in str(a) for a in stuck[2:])
-        kv = await js.key_value(bucket)
-        assert sorted(await kv.keys()) == ["a", "b", "c"]
+        assert await live_keys(client, bucket) == ["a", "b", "c"]
     finally:
         await client.close()
 
@@ -918,10 +917,9 @@ async def test_jobs_stored_before_lanes_are_read_moved_and_migrated(
         assert set(snapshot) == {"old.one", "old.two", "old.tagged"}
         assert snapshot["old.one"].revision > kept
         assert snapshot["old.tagged"].key == partitions.job_key("old.tagged", ["gpu"])
-        assert {partitions.split_key(k)[0] is None for k in await kv.keys()} == {False, True}
-        assert [k for k in await kv.keys() if partitions.split_key(k)[0] is None] == [
-            partitions.LAYOUT_KEY
-        ]
+        keys = await live_keys(client, bucket)
+        assert {partitions.split_key(k)[0] is None for k in keys} == {False, True}
+        assert [k for k in keys if partitions.split_key(k)[0] is None] == [partitions.LAYOUT_KEY]
         assert await jobs.migrate() == 0  # nothing left to move; the marker stays
     finally:
         await client.close()

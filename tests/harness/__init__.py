@@ -2,6 +2,7 @@
 and deadline-bounded waiting. Import from here: ``from harness import NatsServer, wait_for``.
 """
 
+from .buckets import live_keys
 from .nats import (
     LOOPBACK,
     NatsCluster,
@@ -40,6 +41,7 @@ __all__ = [
     "free_ports",
     "http_get",
     "keep_dirs",
+    "live_keys",
     "marked_processes",
     "nats_server_binary",
     "run_dir",

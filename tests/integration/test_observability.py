@@ -17,10 +17,9 @@ from pathlib import Path
 import msgspec
 import nats
 import pytest
-from nats.js.errors import NoKeysError
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import NatsServer, wait_for_async
+from harness import NatsServer, live_keys, wait_for_async
 from hrwcron import __version__
 from hrwcron.core.config import Config, HttpConfig, NatsConfig, SchedulerConfig
 from hrwcron.core.errors import HrwcronError
@@ -268,11 +267,6 @@ async def test_a_taken_http_port_stops_the_start_before_joining(nats_server: Nat
             await start_replica(taken, {})
     client = await nats.connect(nats_server.url)
     try:
-        members = await client.jetstream().key_value("hrwcron_members")
-        try:
-            keys = await members.keys()
-        except NoKeysError:
-            keys = []
-        assert "obs-blocked" not in keys
+        assert "obs-blocked" not in await live_keys(client, "hrwcron_members")
     finally:
         await client.close()

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from harness import wait_for_async
+from harness import live_keys, wait_for_async
 from harness.inprocess_replicas import Cluster
 from hrwcron.cli.provision import migrate_jobs
 from hrwcron.core import partitions
@@ -38,8 +38,7 @@ async def legacy_cluster(nats_url: str) -> AsyncIterator[Cluster]:
 
 
 async def stored_keys(cluster: Cluster) -> set[str]:
-    kv = await cluster.client.jetstream().key_value("hrwcron_jobs")
-    keys = await kv.keys()
+    keys = await live_keys(cluster.client, "hrwcron_jobs")
     return {key for key in keys if key != partitions.LAYOUT_KEY}
 
 
