@@ -11,6 +11,7 @@ from harness.observers import RecordingObserver
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryJobs, MemoryMembers, MemoryTriggers
 from hrwcron.core.model import JobSpec
+from hrwcron.core.outcomes import Outcome
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.decisions import TickDecisions
 from hrwcron.engine.flight import Flight
@@ -130,6 +131,26 @@ async def test_the_owner_acts_on_a_due_tick_once() -> None:
     e.ticks.evaluate(job, due_now(e, job), True, acts)
     assert [(f.job, f.due, f.rank) for f in acts] == [(job, job.due, 0)]
     assert job.busy
+
+
+async def test_a_tick_held_back_by_an_earlier_claimed_one_turns_the_job_back_to_it() -> None:
+    """The dispatcher found an earlier tick claimed by another replica and not in the
+    stream: the job goes back to that tick at once, and the mark may not pass it."""
+    e = await engine()
+    job = load(e)
+    acts: list[Flight] = []
+    now = due_now(e, job)
+    e.ticks.evaluate(job, now, True, acts)
+    [flight] = acts
+    earlier = flight.due - 60_000
+    e.ticks.owed["j"] = flight.due + job.jitter_ms
+    flight.outcome = Outcome.LOCK_BUSY
+    flight.earlier = (earlier,)
+    e.ticks.acted(flight)
+    assert job.due == earlier and not job.busy and not job.acted
+    assert e.ticks.owed["j"] == earlier + job.jitter_ms
+    assert e.timer.heap[-1][0] == now and e.timer.heap[-1][3] == job.entry  # decided at once
+    assert e.observer.of("j") == [("lock_busy", flight.due)]
 
 
 async def test_a_replica_that_is_not_ready_looks_again_without_acting() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from harness.virtual_time import event_loop_policy, virtual_clock  # noqa: F401
 from hrwcron.adapters.memory import MemoryClaims, MemoryTriggers
 from hrwcron.core.model import ClaimRecord, JobSpec
-from hrwcron.core.outcomes import RESOLVED
+from hrwcron.core.outcomes import RESOLVED, Outcome
 from hrwcron.core.ticks import TickId
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.dispatch import Dispatcher
@@ -31,6 +31,7 @@ class Host:
     stopping: bool = False
     quiet: bool = False  # no trigger feed: a held claim is checked against the subject
     clock_off: bool = False  # the server's clock and this replica's disagree
+    live: bool = True  # whether the holders of claims are live and ready
     acted_on: list[Flight] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -38,7 +39,7 @@ class Host:
         return 30.0
 
     def holder_live(self, node: str, instance: str) -> bool:
-        return True
+        return self.live
 
     def mark_bad(self, job: Job, problem: str) -> None:
         self.errors.append(problem)
@@ -100,7 +101,8 @@ async def test_a_tick_is_claimed_then_published_once() -> None:
     assert host.acted_on == [tick]
     assert [m.headers["Nats-Msg-Id"] for m in triggers.messages] == [tick.msg_id]
     assert ledger.last[tick.job.subject].msg_id == TickId("j", tick.due).key
-    assert (a.creates, a.reads, a.replaces) == (1, 0, 0)
+    # Its subject unknown here, the claim of the tick before it (still in its window) is read.
+    assert (a.creates, a.reads, a.replaces) == (1, 1, 0)
 
 
 async def test_a_tick_claimed_by_a_live_replica_is_left_to_it_and_a_published_one_is_done() -> None:
@@ -163,3 +165,84 @@ async def test_a_tick_that_looks_late_by_a_clock_in_doubt_is_neither_missed_nor_
     assert late.error is not None and "max_clock_skew" in late.error
     assert host.acted_on == [late]
     assert triggers.messages == []
+
+
+def every_second() -> Job:
+    spec = JobSpec(name="s", schedule="@every 1s", max_lateness=30)
+    plan = spec.plan()
+    return Job(spec, plan.schedule, plan, spec.trigger_subject("hrwcron.trigger"), 0, 1, 0)
+
+
+async def test_a_tick_waits_while_a_live_replica_still_holds_an_earlier_one() -> None:
+    """Replica a claimed the tick at ``due - 1 s`` and has not published it yet; b, which
+    saw ``due - 2 s`` published and came to ``due`` (another route, a lost mark, a restart),
+    must not publish ``due`` first: the fence would then refuse a's trigger for good and the
+    tick would be lost. b turns back to the earlier tick (which it leaves to its live
+    holder); once a has published it, b publishes ``due`` after it, in order."""
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    a, _, _ = dispatcher("a", claims, triggers)
+    b, _, _ = dispatcher("b", claims, triggers)
+    due = due_now()
+    first = Flight(every_second(), 0, due - 2000, 0)
+    await b.run([first])
+    assert first.outcome == "started", first.error
+    held = ClaimRecord(node="a", instance=a.instance, attempt=1, claimed_ms=due - 1000)
+    assert await claims.create(TickId("s", due - 1000).claim_key, held, 30.0)
+    reads = b.reads
+    early = Flight(every_second(), 0, due, 0)
+    await b.run([early])
+    assert early.outcome == "lock_busy" and early.earlier == (due - 1000,)
+    assert b.reads == reads + 1  # the one earlier tick's claim
+    assert len(triggers.messages) == 1
+    middle = Flight(every_second(), 0, due - 1000, 0)
+    await a.run([middle])  # the holder publishes what it claimed
+    assert middle.outcome == "started", middle.error
+    again = Flight(every_second(), 0, due, 0)
+    await b.run([again])
+    assert again.outcome == "started", again.error
+    ids = [m.headers["Nats-Msg-Id"] for m in triggers.messages]
+    assert ids == [TickId("s", d).key for d in (due - 2000, due - 1000, due)]
+    reads = b.reads
+    after = Flight(every_second(), 0, due + 1000, 0)
+    await b.run([after])
+    assert after.outcome == "started", after.error
+    assert b.reads == reads  # the tick before it is in the stream: nothing read
+
+
+async def test_an_earlier_tick_claimed_by_a_holder_that_is_gone_is_taken_over_first() -> None:
+    """Its holder died after claiming it: the later tick turns the job back to it, it is
+    taken over and published, and then the later one: no tick lost, none out of order."""
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    b, host, _ = dispatcher("b", claims, triggers)
+    host.live = False
+    due = due_now()
+    held = ClaimRecord(node="a", instance="a-gone", attempt=1, claimed_ms=due - 1000)
+    assert await claims.create(TickId("s", due - 1000).claim_key, held, 30.0)
+    tick = Flight(every_second(), 0, due, 0)
+    await b.run([tick])
+    assert tick.outcome == "lock_busy" and tick.earlier == (due - 1000,)
+    assert triggers.messages == []
+    earlier = Flight(every_second(), 0, due - 1000, 0)
+    await b.run([earlier])
+    assert earlier.outcome == "started", earlier.error
+    assert b.replaces == 1  # taken over from the holder that is gone
+    again = Flight(every_second(), 0, due, 0)
+    await b.run([again])
+    assert again.outcome == "started", again.error
+    ids = [m.headers["Nats-Msg-Id"] for m in triggers.messages]
+    assert ids == [TickId("s", d).key for d in (due - 1000, due)]
+
+
+async def test_an_earlier_tick_resolved_on_its_claim_does_not_hold_a_later_one() -> None:
+    """Skipped (overlap) or refused, recorded on the claim: the later tick goes straight on."""
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    b, _, _ = dispatcher("b", claims, triggers)
+    due = due_now()
+    skipped = ClaimRecord(
+        node="a", instance="a-1", attempt=1, claimed_ms=due - 1000, outcome=Outcome.SKIPPED
+    )
+    assert await claims.create(TickId("s", due - 1000).claim_key, skipped, 30.0)
+    tick = Flight(every_second(), 0, due, 0)
+    await b.run([tick])
+    assert tick.outcome == "started", tick.error
+    assert tick.earlier == ()

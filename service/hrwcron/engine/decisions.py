@@ -460,6 +460,9 @@ class TickDecisions:
         self._observer.outcome(
             job.spec.name, outcome, due_ms=due, rank=rank, attempt=attempt, lateness_ms=None
         )
+        if flight.earlier:
+            self._rewind(job, flight.earlier[0])
+            return
         retry = self.clock.now_ms() + 250.0
         held = job.claim_seen
         if outcome == Outcome.LOCK_BUSY and held is not None:
@@ -471,6 +474,23 @@ class TickDecisions:
                 retry = min(retry, self.clock.now_ms() + self._step_ms / 2)
             self._awaiting_holder.add(job.spec.name)
         self._push(job, retry)
+
+    def _rewind(self, job: Job, due: int) -> None:
+        """Another replica claimed the job's tick at ``due``, before the one this replica was
+        about to publish, and the stream does not hold it: had this replica published first,
+        the fence would refuse that trigger and the tick would be lost. The job goes back to
+        it, decided at once like any claimed tick (left to a live holder, taken over from a
+        silent one, missed past its window); the later tick's claim stays held meanwhile."""
+        name = job.spec.name
+        job.due = due
+        job.acted = False
+        job.claim_seen = None
+        self._awaiting_turn.discard(name)
+        self._awaiting_holder.discard(name)
+        owed = self.owed.get(name)
+        if owed is not None:
+            self.owed[name] = min(owed, due + job.jitter_ms)  # the mark must not pass it
+        self._push(job, self.clock.now_ms())
 
     def _finish(
         self,

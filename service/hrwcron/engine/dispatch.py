@@ -21,8 +21,10 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
+from hrwcron.core.errors import HrwcronError
 from hrwcron.core.model import ClaimRecord
 from hrwcron.core.outcomes import CLAIM_RESOLVED, Outcome
+from hrwcron.core.ticks import TickId
 from hrwcron.engine.clock import Clock
 from hrwcron.engine.failpoints import Failpoints
 from hrwcron.engine.flight import (
@@ -53,6 +55,10 @@ log = logging.getLogger("hrwcron.scheduler")
 
 # How often one tick may find its subject moved on and re-read it before giving up for now.
 MAX_FENCES = 5
+# At most this many earlier ticks' claims are read before a tick is published after a gap
+# (the newest of them), and at most this many ticks are walked to find them.
+MAX_EARLIER = 64
+MAX_EARLIER_STEPS = 4096
 CLOCK_IN_DOUBT = "the clock is off the NATS server's by more than max_clock_skew"
 
 
@@ -463,6 +469,14 @@ class Dispatcher:
                 flight, Outcome.DUPLICATE if last.msg_id == flight.msg_id else Outcome.FENCED
             )
             return
+        if scheduled and not flight.earlier_read:
+            earlier = self._unseen_before(job, last, due)
+            if earlier:
+                flight.earlier_read = True
+                reads = self._claims_of(job, earlier)
+                self._spawn(batch, flight, Step.EARLIER, reads, self._earlier_checked)
+                self.reads += len(earlier)
+                return
         max_runs = job.spec.max_runs
         if max_runs is not None:
             counter = self._counter
@@ -477,6 +491,72 @@ class Dispatcher:
         flight.watermark = due if scheduled else (last.watermark if last else 0)
         flight.expected = last.seq if last else 0
         publishes.append(flight)
+
+    def _unseen_before(self, job: Job, last: LastTrigger | None, due: int) -> list[int]:
+        """The job's ticks before ``due`` that this replica has not seen in the stream and
+        that someone may still publish (their lateness window, widened by max_clock_skew, is
+        open). Publishing ``due`` first would fence such a tick out for good if another
+        replica holds its claim and is still trying to publish it, so their claims are read
+        first. One schedule step when the newest trigger seen is the tick just before."""
+        plan = job.plan
+        seen = last.watermark if last is not None else 0
+        skew_ms = self._settings.max_clock_skew * 1000
+        cutoff = int(self._clock.now_ms() - job.spec.max_lateness_ms - skew_ms)
+        found: collections.deque[int] = collections.deque(maxlen=MAX_EARLIER)
+        try:
+            tick = plan.next_after(max(seen, cutoff - 1))
+            for _ in range(MAX_EARLIER_STEPS):
+                if tick is None or tick >= due:
+                    break
+                if not plan.excluded(tick):
+                    found.append(tick)
+                tick = plan.next_after(tick)
+        except HrwcronError:
+            pass  # the schedule ran out of supported years: nothing before ``due`` to find
+        return list(found)
+
+    async def _claims_of(self, job: Job, dues: list[int]) -> list[tuple[int, ClaimRecord]]:
+        """The claims held on ``job``'s ticks at ``dues``, read together."""
+        name = job.spec.name
+        answers = await asyncio.gather(
+            *(self.claims.get(TickId(name, due).claim_key) for due in dues)
+        )
+        return [(due, held[0]) for due, held in zip(dues, answers, strict=True) if held]
+
+    def _earlier_checked(
+        self,
+        flight: Flight,
+        held: list[tuple[int, ClaimRecord]],
+        batch: Batch,
+        publishes: list[Flight],
+    ) -> None:
+        claimed = [
+            due
+            for due, record in held
+            if record.outcome not in CLAIM_RESOLVED and record.instance != self.instance
+        ]
+        if not claimed:
+            self._prepare(flight, batch, publishes)
+            return
+        # Another replica set out to publish an earlier tick, and the stream did not have it
+        # when last read here: see whether it has by now.
+        flight.earlier = tuple(claimed)
+        last = self._triggers.last(flight.job.subject)
+        self._spawn(batch, flight, Step.AWAIT, last, self._earlier_awaited)
+
+    def _earlier_awaited(
+        self, flight: Flight, last: LastTrigger | None, batch: Batch, publishes: list[Flight]
+    ) -> None:
+        job = flight.job
+        if last is not None:
+            self._ledger.remember(job.subject, last)
+            flight.earlier = tuple(due for due in flight.earlier if due > last.watermark)
+        if flight.earlier:
+            # Still not in: the job acts on the earliest of them first (waits for its holder,
+            # or takes it over as any claim), so this tick cannot fence it out.
+            self._resolve(flight, Outcome.LOCK_BUSY)
+            return
+        self._prepare(flight, batch, publishes)
 
     async def _send_publishes(self, flights: list[Flight], batch: Batch) -> None:
         if not flights:

@@ -40,6 +40,8 @@ class Flight:
         "attempt",
         "claim_key",
         "due",
+        "earlier",
+        "earlier_read",
         "entry",
         "error",
         "expected",
@@ -81,6 +83,9 @@ class Flight:
         self.revision = 0
         self.attempt = 0
         self.fences = 0
+        self.earlier_read = False  # the claims of earlier ticks not seen in the stream, read
+        # Earlier ticks of the job claimed by others and not in the stream: acted on first.
+        self.earlier: tuple[int, ...] = ()
         self.expected = 0
         self.watermark = 0
         self.run: int | None = None  # the Hrwcron-Run header of a max_runs job's trigger
@@ -103,6 +108,8 @@ class Step(IntEnum):
     COUNT = 7  # a max_runs job's run count, loaded
     REJECT = 8  # the claim, marked rejected
     HELD = 9  # the subject's last trigger, read while a live holder has the claim
+    EARLIER = 10  # the claims of the job's earlier ticks not seen in the stream
+    AWAIT = 11  # the subject's last trigger, read while an earlier tick is still claimed
 
 
 T = TypeVar("T")
