@@ -393,7 +393,7 @@ class TickDecisions:
         """Read the subjects of the ticks that look missed, a batch at a time: one the stream
         shows done is another replica's, the rest are missed. A read that fails leaves them
         missed, as a replica that cannot reach NATS can tell no better."""
-        skew_ms = self.settings.max_clock_skew * 1000
+        skew_ms = self.settings.max_clock_skew_ms
         try:
             while self._unsure and not self.stopping:
                 names = list(itertools.islice(self._unsure, READ_BATCH))
@@ -544,7 +544,7 @@ class TickDecisions:
         if job.spec.catchup != "latest" or job.due is None:
             return
         collapsed = collapse_latest(
-            job.plan, job.due, self.clock.earliest_ms(self.settings.max_clock_skew * 1000)
+            job.plan, job.due, self.clock.earliest_ms(self.settings.max_clock_skew_ms)
         )
         job.due = collapsed.due
         self.missed_recently.add(self.clock.now_ms(), collapsed.missed)

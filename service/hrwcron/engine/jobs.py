@@ -411,7 +411,7 @@ class JobTable:
             last = self._last.get(subject)
             job.due = first_due(
                 job.plan,
-                now_ms=self._clock.earliest_ms(self.settings.max_clock_skew * 1000),
+                now_ms=self._clock.earliest_ms(self.settings.max_clock_skew_ms),
                 lateness_ms=spec.max_lateness_ms,
                 last_done_ms=last.watermark if last else None,
                 written_ms=event.written_ms,

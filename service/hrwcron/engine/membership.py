@@ -118,7 +118,7 @@ class Membership:
     def clock_off(self) -> bool:
         """Whether this replica's clock and the server's disagree by more than max_clock_skew:
         then neither is trusted."""
-        return self._clock.disagrees(self.settings.max_clock_skew * 1000)
+        return self._clock.disagrees(self.settings.max_clock_skew_ms)
 
     @property
     def ready(self) -> bool:

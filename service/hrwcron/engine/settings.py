@@ -33,3 +33,8 @@ class Settings:
     cloudevents_source: str = ""
     # Replicas that hold each lane of jobs (core/partitions.py); 0: every replica holds every job.
     holders: int = _CONFIGURED.holders
+
+    @property
+    def max_clock_skew_ms(self) -> float:
+        """``max_clock_skew`` in the milliseconds the engine's clocks count in."""
+        return self.max_clock_skew * 1000
