@@ -246,3 +246,24 @@ async def test_an_earlier_tick_resolved_on_its_claim_does_not_hold_a_later_one()
     await b.run([tick])
     assert tick.outcome == "started", tick.error
     assert tick.earlier == ()
+
+
+async def test_a_gap_another_replica_filled_is_closed_by_reading_the_subject_not_claims() -> None:
+    """b published ``due - 2 s`` and did not follow the subject while a published the next
+    one (b a follower taking over): before ``due`` b reads the subject once, finds the gap
+    filled, and reads no earlier claim."""
+    claims, triggers = MemoryClaims(), MemoryTriggers()
+    a, _, _ = dispatcher("a", claims, triggers)
+    b, _, _ = dispatcher("b", claims, triggers)
+    due = due_now()
+    for replica, at in ((b, due - 2000), (a, due - 1000)):
+        tick = Flight(every_second(), 0, at, 0)
+        await replica.run([tick])
+        assert tick.outcome == "started", tick.error
+    reads = b.reads
+    tick = Flight(every_second(), 0, due, 0)
+    await b.run([tick])
+    assert tick.outcome == "started", tick.error
+    assert b.reads == reads and tick.earlier == ()
+    ids = [m.headers["Nats-Msg-Id"] for m in triggers.messages]
+    assert ids == [TickId("s", d).key for d in (due - 2000, due - 1000, due)]

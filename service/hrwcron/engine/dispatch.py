@@ -469,10 +469,16 @@ class Dispatcher:
                 flight, Outcome.DUPLICATE if last.msg_id == flight.msg_id else Outcome.FENCED
             )
             return
-        if scheduled and not flight.earlier_read:
+        if scheduled and flight.looked_back < 2:
             earlier = self._unseen_before(job, last, due)
             if earlier:
-                flight.earlier_read = True
+                flight.looked_back += 1
+                if flight.looked_back == 1:
+                    # Most such gaps are ticks others published while this replica did not
+                    # follow the subject (a follower taking over): one read closes them.
+                    last_read = self._triggers.last(job.subject)
+                    self._spawn(batch, flight, Step.LAST, last_read, self._last_read)
+                    return
                 reads = self._claims_of(job, earlier)
                 self._spawn(batch, flight, Step.EARLIER, reads, self._earlier_checked)
                 self.reads += len(earlier)
@@ -496,11 +502,12 @@ class Dispatcher:
         """The job's ticks before ``due`` that this replica has not seen in the stream and
         that someone may still publish (their lateness window, widened by max_clock_skew, is
         open). Publishing ``due`` first would fence such a tick out for good if another
-        replica holds its claim and is still trying to publish it, so their claims are read
-        first. One schedule step when the newest trigger seen is the tick just before."""
+        replica holds its claim and is still trying to publish it, so the subject is read
+        again and then, if some are still not in, their claims. One schedule step when the
+        newest trigger seen is the tick just before."""
         plan = job.plan
         seen = last.watermark if last is not None else 0
-        skew_ms = self._settings.max_clock_skew * 1000
+        skew_ms = self._settings.max_clock_skew_ms
         cutoff = int(self._clock.now_ms() - job.spec.max_lateness_ms - skew_ms)
         found: collections.deque[int] = collections.deque(maxlen=MAX_EARLIER)
         try:

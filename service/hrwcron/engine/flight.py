@@ -41,13 +41,13 @@ class Flight:
         "claim_key",
         "due",
         "earlier",
-        "earlier_read",
         "entry",
         "error",
         "expected",
         "fences",
         "job",
         "kind",
+        "looked_back",
         "msg_id",
         "outcome",
         "rank",
@@ -83,7 +83,8 @@ class Flight:
         self.revision = 0
         self.attempt = 0
         self.fences = 0
-        self.earlier_read = False  # the claims of earlier ticks not seen in the stream, read
+        # Earlier ticks not seen in the stream: 1, the subject read again; 2, their claims read.
+        self.looked_back = 0
         # Earlier ticks of the job claimed by others and not in the stream: acted on first.
         self.earlier: tuple[int, ...] = ()
         self.expected = 0
