@@ -461,7 +461,7 @@ class TickDecisions:
             job.spec.name, outcome, due_ms=due, rank=rank, attempt=attempt, lateness_ms=None
         )
         if flight.earlier:
-            self._rewind(job, flight.earlier[0])
+            self._rewind(job, flight.earlier)
             return
         retry = self.clock.now_ms() + 250.0
         held = job.claim_seen
@@ -475,13 +475,22 @@ class TickDecisions:
             self._awaiting_holder.add(job.spec.name)
         self._push(job, retry)
 
-    def _rewind(self, job: Job, due: int) -> None:
-        """Another replica claimed the job's tick at ``due``, before the one this replica was
-        about to publish, and the stream does not hold it: had this replica published first,
-        the fence would refuse that trigger and the tick would be lost. The job goes back to
-        it, decided at once like any claimed tick (left to a live holder, taken over from a
-        silent one, missed past its window); the later tick's claim stays held meanwhile."""
+    def _rewind(self, job: Job, earlier: tuple[int, ...]) -> None:
+        """Other replicas claimed the job's ticks at ``earlier``, before the one this replica
+        was about to publish, and the stream does not hold them: had this replica published
+        first, the fence would refuse those triggers and the ticks would be lost. The job goes
+        back to the first still inside its window, decided at once like any claimed tick (left
+        to a live holder, taken over from a silent one); the later tick's claim stays held
+        meanwhile. Past their windows here, they are not decided again (that would find them
+        missed and come back to the later tick at once, in a loop): the later tick waits until
+        a replica ``max_clock_skew`` behind this one could not publish them either."""
         name = job.spec.name
+        lateness = job.spec.max_lateness_ms
+        now = self.clock.now_ms()
+        due = next((due for due in earlier if due + lateness >= now), None)
+        if due is None:
+            self._push(job, earlier[-1] + lateness + self.settings.max_clock_skew_ms + 1)
+            return
         job.due = due
         job.acted = False
         job.claim_seen = None
