@@ -133,48 +133,44 @@ async def test_the_owner_acts_on_a_due_tick_once() -> None:
     assert job.busy
 
 
-async def test_a_tick_held_back_by_an_earlier_claimed_one_turns_the_job_back_to_it() -> None:
-    """The dispatcher found an earlier tick claimed by another replica and not in the
-    stream: the job goes back to that tick at once, and the mark may not pass it."""
-    e = await engine()
-    job = load(e)
+def held_back(e: Engine, job: Job, now: float, earlier: tuple[int, ...]) -> Flight:
+    """The job's due tick acted on, and held back by the dispatcher for ``earlier`` ticks
+    claimed by another replica and not in the stream."""
     acts: list[Flight] = []
-    now = due_now(e, job)
     e.ticks.evaluate(job, now, True, acts)
     [flight] = acts
-    earlier = flight.due - 30_000  # still inside its lateness window
-    e.ticks.owed["j"] = flight.due + job.jitter_ms
     flight.outcome = Outcome.LOCK_BUSY
-    flight.earlier = (earlier,)
+    flight.earlier = earlier
     e.ticks.acted(flight)
+    return flight
+
+
+async def test_a_tick_held_back_by_an_earlier_claimed_one_turns_the_job_back_to_it() -> None:
+    """The job goes back to the earlier tick at once, and the mark may not pass it."""
+    e = await engine()
+    job, due = load_due(e)
+    now = due_now(e, job)
+    earlier = due - 30_000  # still inside its lateness window
+    held_back(e, job, now, (earlier,))
     assert job.due == earlier and not job.busy and not job.acted
-    assert e.ticks.owed["j"] == earlier + job.jitter_ms
+    assert e.ticks.owed["j"] == earlier + job.jitter_ms  # lowered from the later tick's
     assert e.timer.heap[-1][0] == now and e.timer.heap[-1][3] == job.entry  # decided at once
-    assert e.observer.of("j") == [("lock_busy", flight.due)]
+    assert e.observer.of("j") == [("lock_busy", due)]
 
 
 async def test_an_earlier_claimed_tick_past_its_window_here_is_waited_out_not_decided() -> None:
     """Deciding it again would find it missed and come straight back to the later tick, in
     a loop: the later one waits until a replica max_clock_skew behind could not publish it."""
     e = await engine()
-    job = load(e)
-    acts: list[Flight] = []
+    job, due = load_due(e)
     now = due_now(e, job)
-    e.ticks.evaluate(job, now, True, acts)
-    [flight] = acts
     lateness = job.spec.max_lateness_ms
-    closed, still_open = now - lateness - 1, now - lateness + 500
-    flight.outcome = Outcome.LOCK_BUSY
-    flight.earlier = (int(closed),)
-    e.ticks.acted(flight)
-    assert job.due == flight.due
+    closed, still_open = int(now - lateness - 1), int(now - lateness + 500)
+    held_back(e, job, now, (closed,))
+    assert job.due == due
     assert e.timer.heap[-1][0] == closed + lateness + e.ticks.settings.max_clock_skew_ms + 1
-    e.ticks.evaluate(job, now, True, acts := [])
-    [flight] = acts
-    flight.outcome = Outcome.LOCK_BUSY
-    flight.earlier = (int(closed), int(still_open))
-    e.ticks.acted(flight)
-    assert job.due == int(still_open)  # the first one someone may still publish
+    held_back(e, job, now, (closed, still_open))
+    assert job.due == still_open  # the first one someone may still publish
 
 
 async def test_a_replica_that_is_not_ready_looks_again_without_acting() -> None:
